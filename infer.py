@@ -1,0 +1,6 @@
+"""Entry point: `python infer.py` starts the specrepl REPL (see specrepl/cli.py)."""
+
+from specrepl.cli import main
+
+if __name__ == "__main__":
+    raise SystemExit(main())

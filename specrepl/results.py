@@ -1,0 +1,136 @@
+"""What the generators report: one event per decoding step and one result per run.
+
+The generators in `generation.py` yield `StepEvent`s while they decode and the
+REPL or benchmark streams them; `GenerationResult` is the summary of a finished
+(or interrupted) run. Both are plain data: this module knows nothing about
+models, tokenizers or rendering.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+StopReason = Literal["eos", "length", "context", "interrupted"]
+GeneratorKind = Literal["speculative", "autoregressive"]
+
+
+@dataclass(frozen=True)
+class StepEvent:
+    """One decoding step: a target forward pass and the tokens it settled.
+
+    For a speculative step, `drafts` are the drafter's proposals, the first
+    `accepted` of them were kept, and `appended` is what the sequence grew by:
+    the accepted drafts followed by the target's own token (the correction at
+    the first rejected position, or the bonus token when all were accepted).
+    For an autoregressive step `drafts` is empty and `appended` has one token.
+    `appended` is already cut at an end token and at the length budget.
+    """
+
+    drafts: tuple[int, ...]
+    accepted: int
+    appended: tuple[int, ...]
+    draft_seconds: float
+    target_seconds: float
+    seconds_since_start: float
+
+    @property
+    def rejected(self) -> int | None:
+        """The first draft the target refused, if any."""
+        return self.drafts[self.accepted] if self.accepted < len(self.drafts) else None
+
+    @property
+    def gamma(self) -> int:
+        return len(self.drafts)
+
+
+@dataclass
+class GenerationResult:
+    """Summary of one generation run; token counts are tokens, never characters."""
+
+    kind: GeneratorKind
+    prompt_tokens: int
+    token_ids: list[int] = field(default_factory=list)
+    text: str | None = None
+    seconds: float = 0.0
+    time_to_first_token: float | None = None
+    steps: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    draft_seconds: float = 0.0
+    target_seconds: float = 0.0
+    accepted_per_position: list[int] = field(default_factory=list)
+    accepted_length_histogram: list[int] = field(default_factory=list)
+    stop_reason: StopReason = "length"
+
+    @property
+    def new_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def tokens_per_second(self) -> float | None:
+        return self.new_tokens / self.seconds if self.seconds > 0 else None
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        """Accepted drafts / drafted tokens (None when nothing was drafted)."""
+        if self.kind != "speculative" or self.drafted == 0:
+            return None
+        return self.accepted / self.drafted
+
+    @property
+    def mean_accepted_length(self) -> float | None:
+        """Tokens gained per target forward pass, the target's own token included."""
+        if self.kind != "speculative" or self.steps == 0:
+            return None
+        return self.new_tokens / self.steps
+
+    @property
+    def other_seconds(self) -> float:
+        """Time spent outside the two models' forward passes."""
+        return max(0.0, self.seconds - self.draft_seconds - self.target_seconds)
+
+    def record(self, event: StepEvent) -> None:
+        """Fold one step into the running totals."""
+        self.steps += 1
+        self.token_ids.extend(event.appended)
+        self.draft_seconds += event.draft_seconds
+        self.target_seconds += event.target_seconds
+        if self.time_to_first_token is None and event.appended:
+            self.time_to_first_token = event.seconds_since_start
+        if self.kind == "speculative":
+            self.drafted += event.gamma
+            self.accepted += event.accepted
+            while len(self.accepted_per_position) < event.gamma:
+                self.accepted_per_position.append(0)
+            for position in range(event.accepted):
+                self.accepted_per_position[position] += 1
+            while len(self.accepted_length_histogram) <= event.accepted:
+                self.accepted_length_histogram.append(0)
+            self.accepted_length_histogram[event.accepted] += 1
+
+    def to_dict(self) -> dict[str, object]:
+        """JSON-ready figures; fields that do not apply to this kind are None."""
+        speculative = self.kind == "speculative"
+        return {
+            "kind": self.kind,
+            "text": self.text,
+            "token_ids": list(self.token_ids),
+            "prompt_tokens": self.prompt_tokens,
+            "new_tokens": self.new_tokens,
+            "seconds": self.seconds,
+            "tokens_per_second": self.tokens_per_second,
+            "time_to_first_token": self.time_to_first_token,
+            "drafted": self.drafted if speculative else None,
+            "accepted": self.accepted if speculative else None,
+            "acceptance_rate": self.acceptance_rate,
+            "mean_accepted_length": self.mean_accepted_length,
+            "steps": self.steps,
+            "draft_seconds": self.draft_seconds if speculative else None,
+            "target_seconds": self.target_seconds,
+            "accepted_per_position": list(self.accepted_per_position) if speculative else None,
+            "accepted_length_histogram": (
+                list(self.accepted_length_histogram) if speculative else None
+            ),
+            "stop_reason": self.stop_reason,
+        }

@@ -1,0 +1,149 @@
+"""The session's settings: one typed, validated, immutable dataclass.
+
+Config files, command-line flags and REPL commands all change settings through
+`Settings.updated(...)`, which validates every value and either returns a new
+`Settings` or raises `SettingError` naming the valid range; the old value is
+never touched. This module knows nothing about models or the terminal.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field, fields, replace
+from typing import Any
+
+from .processors import PROCESSORS, LogitsProcessor, make_processor
+
+GAMMA_MAX = 64
+MAX_NEW_TOKENS_MAX = 1_000_000
+SEED_MAX = 2**63 - 1
+TEMPERATURE_MAX = 100.0
+TOP_K_MAX = 1_000_000
+
+
+class SettingError(ValueError):
+    """A setting was given a value outside its valid range."""
+
+
+@dataclass(frozen=True)
+class Bound:
+    """The valid values of one setting, with a phrase that says what they are."""
+
+    kind: type
+    low: float | None = None
+    high: float | None = None
+    low_inclusive: bool = True
+    choices: tuple[str, ...] = ()
+    optional: bool = False
+
+    def describe(self) -> str:
+        if self.choices:
+            return "one of " + ", ".join(self.choices)
+        if self.kind is bool:
+            return "on or off"
+        if self.kind is str:
+            return "text" + (" (or none)" if self.optional else "")
+        kind = "an integer" if self.kind is int else "a number"
+        low = "" if self.low is None else f"{'>=' if self.low_inclusive else '>'} {self.low}"
+        high = "" if self.high is None else f"<= {self.high}"
+        return f"{kind} {' and '.join(part for part in (low, high) if part)}".strip()
+
+    def check(self, name: str, value: Any) -> Any:
+        """Return the value in canonical form, or raise SettingError."""
+        if value is None and self.optional:
+            return None
+        wrong = SettingError(f"{name} must be {self.describe()}, got {value!r}")
+        if self.kind is bool:
+            if not isinstance(value, bool):
+                raise wrong
+            return value
+        if self.kind is str:
+            if not isinstance(value, str):
+                raise wrong
+            if self.choices and value not in self.choices:
+                raise wrong
+            return value
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise wrong
+        if self.kind is int:
+            if isinstance(value, float) and not value.is_integer():
+                raise wrong
+            value = int(value)
+        else:
+            value = float(value)
+            if not math.isfinite(value):
+                raise wrong
+        if self.low is not None and (
+            value < self.low or (value == self.low and not self.low_inclusive)
+        ):
+            raise wrong
+        if self.high is not None and value > self.high:
+            raise wrong
+        return value
+
+
+def _setting(default: Any, bound: Bound, help: str) -> Any:
+    return field(default=default, metadata={"bound": bound, "help": help})
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything a user can change while the session runs."""
+
+    gamma: int = _setting(4, Bound(int, 1, GAMMA_MAX), "draft tokens proposed per step")
+    processor: str = _setting(
+        "greedy", Bound(str, choices=tuple(PROCESSORS)), "how tokens are chosen from the logits"
+    )
+    temperature: float = _setting(
+        1.0, Bound(float, 0, TEMPERATURE_MAX, low_inclusive=False), "sampling temperature"
+    )
+    top_k: int = _setting(50, Bound(int, 1, TOP_K_MAX), "tokens kept by top-k")
+    top_p: float = _setting(0.9, Bound(float, 0, 1, low_inclusive=False), "mass kept by nucleus")
+    max_new_tokens: int = _setting(
+        128, Bound(int, 1, MAX_NEW_TOKENS_MAX), "most tokens generated per answer"
+    )
+    seed: int = _setting(0, Bound(int, 0, SEED_MAX), "seed of the sampling generator")
+    use_cache: bool = _setting(True, Bound(bool), "KV cache for both models")
+    chat: bool = _setting(True, Bound(bool), "apply the chat template and keep the history")
+    system_prompt: str | None = _setting(
+        None, Bound(str, optional=True), "system prompt in chat mode (none: the template's)"
+    )
+    speculative: bool = _setting(True, Bound(bool), "run the speculative generator")
+    target_gen: bool = _setting(True, Bound(bool), "run the target alone, for comparison")
+    drafter_gen: bool = _setting(False, Bound(bool), "run the drafter alone, for reference")
+    debug: bool = _setting(False, Bound(bool), "show every speculative step")
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            object.__setattr__(
+                self, f.name, f.metadata["bound"].check(f.name, getattr(self, f.name))
+            )
+
+    def updated(self, **changes: Any) -> Settings:
+        """A validated copy with `changes` applied; raises SettingError, leaving self as is."""
+        unknown = sorted(set(changes) - {f.name for f in fields(self)})
+        if unknown:
+            raise SettingError(
+                f"unknown setting {unknown[0]!r}; known settings: {', '.join(self.names())}"
+            )
+        return replace(self, **changes)
+
+    def logits_processor(self) -> LogitsProcessor:
+        return make_processor(
+            self.processor, temperature=self.temperature, top_k=self.top_k, top_p=self.top_p
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def names(cls) -> list[str]:
+        return [f.name for f in fields(cls)]
+
+    @classmethod
+    def bound(cls, name: str) -> Bound:
+        return next(f.metadata["bound"] for f in fields(cls) if f.name == name)
+
+    @classmethod
+    def help(cls, name: str) -> str:
+        return next(f.metadata["help"] for f in fields(cls) if f.name == name)

@@ -1,0 +1,79 @@
+"""Tiny, seeded models and a word-level tokenizer built in code, for tests.
+
+Used by the test-suite and by anyone who wants to try the engine without a
+download: everything here runs in milliseconds on a CPU. Nothing in the
+application imports this module.
+"""
+
+from __future__ import annotations
+
+import torch
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+SPECIAL_TOKENS = ("<unk>", "<s>", "<|im_start|>", "<|im_end|>")
+ROLE_WORDS = ("system", "user", "assistant")
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "<|im_start|> {{ message['role'] }} {{ message['content'] }} <|im_end|> "
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|> assistant {% endif %}"
+)
+
+
+def tiny_llama(
+    vocab_size: int = 32,
+    *,
+    seed: int = 0,
+    hidden_size: int = 32,
+    num_layers: int = 2,
+    max_position_embeddings: int = 256,
+    sharpness: float = 30.0,
+) -> LlamaForCausalLM:
+    """A random Llama whose next-token distributions are far from uniform.
+
+    `sharpness` scales the output head so that sampling tests see peaked
+    distributions (NOTES.md).
+    """
+    config = LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        intermediate_size=hidden_size * 2,
+        num_hidden_layers=num_layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=max_position_embeddings,
+        tie_word_embeddings=False,
+        bos_token_id=1,
+        eos_token_id=3,
+        pad_token_id=0,
+    )
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(sharpness)
+    return model.eval()
+
+
+def tiny_tokenizer(vocab_size: int = 32, *, word_prefix: str = "w") -> PreTrainedTokenizerFast:
+    """A whitespace word-level tokenizer with a ChatML-like template.
+
+    Ids 0-3 are `<unk> <s> <|im_start|> <|im_end|>`, then the role words, then
+    `w7, w8, ...` up to `vocab_size` (`word_prefix` changes those strings, to
+    build an incompatible vocabulary of the same size).
+    """
+    words = [*SPECIAL_TOKENS, *ROLE_WORDS]
+    words += [f"{word_prefix}{i}" for i in range(len(words), vocab_size)]
+    if len(words) != vocab_size:
+        raise ValueError(f"vocab_size must be at least {len(words)}")
+    backend = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        unk_token="<unk>",
+        bos_token="<s>",
+        eos_token="<|im_end|>",
+        additional_special_tokens=["<|im_start|>"],
+    )
+    tokenizer.chat_template = CHAT_TEMPLATE
+    return tokenizer
