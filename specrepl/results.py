@@ -98,7 +98,7 @@ class GenerationResult:
         self.target_seconds += event.target_seconds
         if self.time_to_first_token is None and event.appended:
             self.time_to_first_token = event.seconds_since_start
-        if self.kind == "speculative":
+        if self.kind == "speculative" and event.gamma > 0:
             self.drafted += event.gamma
             self.accepted += event.accepted
             while len(self.accepted_per_position) < event.gamma:

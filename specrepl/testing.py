@@ -77,3 +77,17 @@ def tiny_tokenizer(vocab_size: int = 32, *, word_prefix: str = "w") -> PreTraine
     )
     tokenizer.chat_template = CHAT_TEMPLATE
     return tokenizer
+
+
+def perturbed_copy(model: LlamaForCausalLM, noise: float, *, seed: int = 0) -> LlamaForCausalLM:
+    """A copy of `model` with Gaussian noise added to every weight: a drafter
+    that agrees with the target often but not always."""
+    copy = LlamaForCausalLM(model.config)
+    copy.load_state_dict(model.state_dict())
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for parameter in copy.parameters():
+            parameter.add_(
+                torch.randn(parameter.shape, generator=generator) * noise * parameter.std()
+            )
+    return copy.eval()

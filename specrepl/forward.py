@@ -1,0 +1,62 @@
+"""One forward pass of a causal LM over the part of a sequence it has not cached.
+
+Both generators and the model drafter call `forward_logits`; it is the only
+place that calls a model. It knows nothing about drafting or acceptance.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import DynamicCache, PreTrainedModel
+
+from .kv_cache import cached_length
+
+
+def logits_width(model: PreTrainedModel) -> int:
+    """Number of logits the model emits per position (its padded vocabulary)."""
+    head = model.get_output_embeddings()
+    if head is not None and hasattr(head, "weight"):
+        return int(head.weight.shape[0])
+    return int(model.config.get_text_config().vocab_size)
+
+
+def context_length(model: PreTrainedModel) -> int | None:
+    """The model's maximum number of positions, when its config states one."""
+    config = model.config.get_text_config()
+    for name in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
+        value = getattr(config, name, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
+def model_device(model: PreTrainedModel) -> torch.device:
+    return next(model.parameters()).device
+
+
+@torch.no_grad()
+def forward_logits(
+    model: PreTrainedModel,
+    sequence: torch.Tensor,
+    cache: DynamicCache | None,
+    keep: int,
+    vocab_size: int,
+) -> torch.Tensor:
+    """Float logits of the last `keep` positions of `sequence`, shape (keep, vocab_size).
+
+    With a cache, only the tokens it does not hold yet are fed (positions come
+    from the cache's length); without one the whole sequence is recomputed.
+    Logits beyond `vocab_size` (padding rows of the output layer) are dropped.
+    """
+    start = cached_length(cache)
+    if start >= sequence.shape[0]:
+        raise RuntimeError(
+            f"cache holds {start} tokens but the sequence has {sequence.shape[0]}: nothing to feed"
+        )
+    output = model(
+        input_ids=sequence[start:].unsqueeze(0),
+        past_key_values=cache,
+        use_cache=cache is not None,
+        logits_to_keep=keep,
+    )
+    return output.logits[0, -keep:, :vocab_size]

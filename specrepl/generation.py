@@ -1,0 +1,337 @@
+"""The autoregressive and speculative generators.
+
+One decoding loop serves both: each step the drafter proposes up to gamma
+tokens, the target scores the sequence plus the drafts in one forward pass,
+and `verification.py` decides what to keep. Target-only (autoregressive)
+generation is the same loop with no drafts, so both share every cost that is
+not a model call. The loop yields a `StepEvent` per step; the `*_generate`
+functions collect them into a `GenerationResult`.
+
+Invariant with caches on: before a step, each model's cache holds a prefix of
+the current sequence and at least its last token is uncached; after the step
+both caches are rolled back to the part that verification kept.
+
+This module never prints and knows nothing about chat templates.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Iterator
+
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from .drafters import Draft, Drafter, as_drafter
+from .forward import context_length, forward_logits, logits_width, model_device
+from .kv_cache import new_cache, rollback_to
+from .processors import GreedyProcessor, LogitsProcessor
+from .results import GenerationResult, GeneratorKind, StepEvent, StopReason
+from .verification import verify_greedy, verify_sampling
+
+__all__ = [
+    "ContextTooLongError",
+    "GenerationInterrupted",
+    "autoregressive_generate",
+    "speculative_generate",
+    "stream_autoregressive",
+    "stream_speculative",
+]
+
+StepCallback = Callable[[StepEvent], None]
+
+
+class ContextTooLongError(ValueError):
+    """The prompt leaves no room for a new token in the model's context."""
+
+
+class GenerationInterrupted(KeyboardInterrupt):
+    """Ctrl-C during a run; `result` holds what was generated until then."""
+
+    def __init__(self, result: GenerationResult) -> None:
+        super().__init__("generation interrupted")
+        self.result = result
+
+
+class _Clock:
+    """Wall time spent inside the generator, excluding the consumer's time
+    between steps; synchronizes the device before every reading."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self.active = 0.0
+        self.resumed = 0.0
+
+    def now(self) -> float:
+        if self.cuda:
+            torch.cuda.synchronize()
+        return time.perf_counter()
+
+    def resume(self) -> float:
+        self.resumed = self.now()
+        return self.resumed
+
+    def pause(self) -> float:
+        stamp = self.now()
+        self.active += stamp - self.resumed
+        return stamp
+
+
+def _end_tokens(eos_tokens_id: int | Iterable[int] | None) -> frozenset[int]:
+    if eos_tokens_id is None:
+        return frozenset()
+    if isinstance(eos_tokens_id, int):
+        return frozenset((eos_tokens_id,))
+    return frozenset(int(token) for token in eos_tokens_id)
+
+
+def _check_prompt(inputs: list[int], context: int | None) -> None:
+    if len(inputs) == 0:
+        raise ValueError("the prompt is empty: give at least one token")
+    if context is not None and len(inputs) >= context:
+        raise ContextTooLongError(
+            f"the prompt has {len(inputs)} tokens but the model's context is {context} tokens "
+            f"(a prompt may have at most {context - 1})"
+        )
+
+
+def _run_loop(
+    inputs: list[int],
+    target: PreTrainedModel,
+    drafter: Drafter | None,
+    *,
+    logits_processor: LogitsProcessor,
+    gamma: int,
+    max_gen_len: int,
+    eos_tokens_id: int | Iterable[int] | None,
+    use_cache: bool,
+    generator: torch.Generator | None,
+    vocab_size: int | None,
+) -> Iterator[StepEvent]:
+    """The decoding loop; returns (via StopIteration) the stop reason and active seconds."""
+    if gamma < 0:
+        raise ValueError(f"gamma must be >= 0, got {gamma}")
+    if max_gen_len < 1:
+        raise ValueError(f"max_gen_len must be >= 1, got {max_gen_len}")
+    context = context_length(target)
+    _check_prompt(inputs, context)
+    device = model_device(target)
+    if vocab_size is None:
+        vocab_size = logits_width(target)
+        if drafter is not None and hasattr(drafter, "width"):
+            vocab_size = min(vocab_size, drafter.width)
+    end_tokens = _end_tokens(eos_tokens_id)
+    limit = max_gen_len if context is None else min(max_gen_len, context - len(inputs))
+    limit_reason: StopReason = "length" if limit == max_gen_len else "context"
+
+    clock = _Clock(device)
+    clock.resume()
+    sequence = torch.tensor(inputs, dtype=torch.long, device=device)
+    cache = new_cache(target) if use_cache else None
+    if drafter is not None:
+        drafter.begin(sequence, vocab_size)
+    generated = 0
+    empty = sequence.new_empty(0)
+    while generated < limit:
+        step_start = clock.now()
+        budget = limit - generated
+        k = min(gamma, budget - 1)
+        if drafter is not None and k > 0:
+            draft = drafter.propose(sequence, k, logits_processor, generator)
+        else:
+            draft = Draft(empty, None)
+        drafted_at = clock.now()
+        k = len(draft)
+        length = sequence.shape[0]
+        candidate = torch.cat((sequence, draft.tokens)) if k else sequence
+        logits = forward_logits(target, candidate, cache, k + 1, vocab_size)
+        verified_at = clock.now()
+        if logits_processor.is_greedy:
+            accepted, token = verify_greedy(draft.tokens, logits)
+        else:
+            target_probs = logits_processor.probabilities(logits)
+            draft_probs = draft.probs
+            if draft_probs is None:  # a deterministic drafter: a point mass q
+                draft_probs = torch.nn.functional.one_hot(draft.tokens, vocab_size).float()
+            accepted, token = verify_sampling(draft.tokens, draft_probs, target_probs, generator)
+        appended = [*draft.tokens[:accepted].tolist(), token]
+        stop: StopReason | None = None
+        for index, appended_token in enumerate(appended):
+            if appended_token in end_tokens:
+                appended = appended[: index + 1]
+                stop = "eos"
+                break
+        sequence = torch.cat((candidate[: length + accepted], candidate.new_tensor([token])))
+        sequence = sequence[: length + len(appended)]
+        rollback_to(cache, length + accepted)
+        if drafter is not None:
+            drafter.update(sequence, length + accepted)
+        generated += len(appended)
+        clock.pause()
+        yield StepEvent(
+            drafts=tuple(draft.tokens.tolist()),
+            accepted=accepted,
+            appended=tuple(appended),
+            draft_seconds=drafted_at - step_start,
+            target_seconds=verified_at - drafted_at,
+            seconds_since_start=clock.active,
+        )
+        clock.resume()
+        if stop is not None:
+            clock.pause()
+            return stop, clock.active
+    clock.pause()
+    return limit_reason, clock.active
+
+
+def _collect(
+    kind: GeneratorKind,
+    inputs: list[int],
+    steps: Iterator[StepEvent],
+    tokenizer: PreTrainedTokenizerBase | None,
+    on_step: StepCallback | None,
+) -> GenerationResult:
+    result = GenerationResult(kind=kind, prompt_tokens=len(inputs))
+    last_seen = 0.0
+    try:
+        while True:
+            try:
+                event = next(steps)
+            except StopIteration as finished:
+                result.stop_reason, result.seconds = finished.value
+                break
+            result.record(event)
+            last_seen = event.seconds_since_start
+            if on_step is not None:
+                on_step(event)
+    except KeyboardInterrupt:
+        steps.close()
+        result.stop_reason = "interrupted"
+        result.seconds = last_seen
+        if tokenizer is not None:
+            result.text = tokenizer.decode(result.token_ids, skip_special_tokens=True)
+        raise GenerationInterrupted(result) from None
+    if tokenizer is not None:
+        result.text = tokenizer.decode(result.token_ids, skip_special_tokens=True)
+    return result
+
+
+def stream_speculative(
+    inputs: list[int],
+    drafter: Drafter | PreTrainedModel,
+    target: PreTrainedModel,
+    *,
+    logits_processor: LogitsProcessor | None = None,
+    gamma: int = 4,
+    max_gen_len: int = 128,
+    eos_tokens_id: int | Iterable[int] | None = None,
+    use_cache: bool = True,
+    generator: torch.Generator | None = None,
+    vocab_size: int | None = None,
+) -> Iterator[StepEvent]:
+    """Speculative decoding as an iterator of steps (see `speculative_generate`)."""
+    return _run_loop(
+        inputs,
+        target,
+        as_drafter(drafter, use_cache=use_cache),
+        logits_processor=logits_processor or GreedyProcessor(),
+        gamma=gamma,
+        max_gen_len=max_gen_len,
+        eos_tokens_id=eos_tokens_id,
+        use_cache=use_cache,
+        generator=generator,
+        vocab_size=vocab_size,
+    )
+
+
+def stream_autoregressive(
+    inputs: list[int],
+    model: PreTrainedModel,
+    *,
+    logits_processor: LogitsProcessor | None = None,
+    max_gen_len: int = 128,
+    eos_tokens_id: int | Iterable[int] | None = None,
+    use_cache: bool = True,
+    generator: torch.Generator | None = None,
+    vocab_size: int | None = None,
+) -> Iterator[StepEvent]:
+    """Plain decoding with one model, one token per step, as an iterator of steps."""
+    return _run_loop(
+        inputs,
+        model,
+        None,
+        logits_processor=logits_processor or GreedyProcessor(),
+        gamma=0,
+        max_gen_len=max_gen_len,
+        eos_tokens_id=eos_tokens_id,
+        use_cache=use_cache,
+        generator=generator,
+        vocab_size=vocab_size,
+    )
+
+
+def speculative_generate(
+    inputs: list[int],
+    drafter: Drafter | PreTrainedModel,
+    target: PreTrainedModel,
+    *,
+    logits_processor: LogitsProcessor | None = None,
+    gamma: int = 4,
+    max_gen_len: int = 128,
+    eos_tokens_id: int | Iterable[int] | None = None,
+    use_cache: bool = True,
+    generator: torch.Generator | None = None,
+    vocab_size: int | None = None,
+    tokenizer: PreTrainedTokenizerBase | None = None,
+    on_step: StepCallback | None = None,
+) -> GenerationResult:
+    """Generate up to `max_gen_len` new tokens after `inputs` with speculative decoding.
+
+    The output follows the target's distribution exactly (greedy: the target's
+    greedy tokens). `drafter` is a model sharing the target's tokenizer or a
+    `Drafter`; `vocab_size` is the logits width both are cut to (default: the
+    narrower model's); `generator` must live on the target's device. Stops at
+    any token in `eos_tokens_id` (included in the output). `on_step` sees each
+    `StepEvent` as it happens. Ctrl-C raises `GenerationInterrupted` carrying
+    the partial result.
+    """
+    steps = stream_speculative(
+        inputs,
+        drafter,
+        target,
+        logits_processor=logits_processor,
+        gamma=gamma,
+        max_gen_len=max_gen_len,
+        eos_tokens_id=eos_tokens_id,
+        use_cache=use_cache,
+        generator=generator,
+        vocab_size=vocab_size,
+    )
+    return _collect("speculative", inputs, steps, tokenizer, on_step)
+
+
+def autoregressive_generate(
+    inputs: list[int],
+    model: PreTrainedModel,
+    *,
+    logits_processor: LogitsProcessor | None = None,
+    max_gen_len: int = 128,
+    eos_tokens_id: int | Iterable[int] | None = None,
+    use_cache: bool = True,
+    generator: torch.Generator | None = None,
+    vocab_size: int | None = None,
+    tokenizer: PreTrainedTokenizerBase | None = None,
+    on_step: StepCallback | None = None,
+) -> GenerationResult:
+    """Generate with `model` alone, one token per forward pass (the reference output)."""
+    steps = stream_autoregressive(
+        inputs,
+        model,
+        logits_processor=logits_processor,
+        max_gen_len=max_gen_len,
+        eos_tokens_id=eos_tokens_id,
+        use_cache=use_cache,
+        generator=generator,
+        vocab_size=vocab_size,
+    )
+    return _collect("autoregressive", inputs, steps, tokenizer, on_step)

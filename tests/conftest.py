@@ -1,0 +1,18 @@
+"""Shared fixtures: tiny seeded models built in code, and offline settings."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(scope="session")
+def embedded_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """One converted-GGUF cache for the whole test session (conversion takes ~17 s)."""
+    path = os.environ.get("SPECREPL_TEST_CACHE_DIR") or str(tmp_path_factory.mktemp("cache"))
+    os.environ["SPECREPL_CACHE_DIR"] = path
+    return path
