@@ -15,8 +15,12 @@ from .kv_cache import cached_length
 def logits_width(model: PreTrainedModel) -> int:
     """Number of logits the model emits per position (its padded vocabulary)."""
     head = model.get_output_embeddings()
-    if head is not None and hasattr(head, "weight"):
-        return int(head.weight.shape[0])
+    width = getattr(head, "out_features", None)  # also right for packed 4-bit weights
+    if isinstance(width, int):
+        return width
+    weight = getattr(head, "weight", None)
+    if weight is not None and weight.dim() == 2:
+        return int(weight.shape[0])
     return int(model.config.get_text_config().vocab_size)
 
 

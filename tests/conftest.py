@@ -5,9 +5,13 @@ from __future__ import annotations
 import os
 
 import pytest
+import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# The tiny test models are far too small to gain from threads; one thread per
+# process also keeps parallel test runs from fighting over the two cores.
+torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="session")

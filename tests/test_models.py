@@ -1,0 +1,340 @@
+"""Loading model pairs: devices, dtypes, end tokens, local directories, GGUF cache, errors.
+
+Tests marked `embedded` load the real SmolLM2-135M pair offline (one GGUF
+conversion per session, ~20 s, shared through `embedded_cache_dir`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from pathlib import Path
+
+import huggingface_hub.constants
+import pytest
+import torch
+from tokenizers import AddedToken
+from transformers import GenerationConfig
+
+from specrepl import gguf_cache, models
+from specrepl.compatibility import IncompatibleTokenizersError
+from specrepl.config import ModelSpec
+from specrepl.models import (
+    LoadedModel,
+    ModelLoadError,
+    ModelPair,
+    find_end_tokens,
+    load_pair,
+    resolve_device,
+    resolve_dtype,
+)
+from specrepl.testing import tiny_llama, tiny_tokenizer
+
+IM_END = 3  # id of <|im_end|> in specrepl.testing.tiny_tokenizer
+
+
+def save_tiny(
+    directory: Path, vocab_size: int = 32, *, seed: int = 0, tokenizer: bool = True
+) -> Path:
+    tiny_llama(vocab_size, seed=seed).save_pretrained(directory)
+    if tokenizer:
+        tiny_tokenizer(vocab_size).save_pretrained(directory)
+    return directory
+
+
+# -- ModelPair.from_models ---------------------------------------------------------------
+
+
+def test_from_models_wraps_a_checked_pair() -> None:
+    target, drafter = tiny_llama(32, seed=0), tiny_llama(40, seed=1).train()
+    pair = ModelPair.from_models(target, drafter, tiny_tokenizer(32), drafter_name="small")
+    assert pair.vocab_size == 32
+    assert pair.eos_token_ids == [IM_END]
+    assert pair.context_length == 256
+    assert pair.device == torch.device("cpu")
+    assert pair.drafter is not None and pair.drafter.name == "small"
+    assert not pair.drafter.model.training
+    assert pair.target.parameters == sum(p.numel() for p in target.parameters())
+    assert pair.target.memory_bytes > 0 and pair.target.quantization is None
+    line = pair.target.describe()
+    assert "target" in line and "float32" in line and "K params" in line and "KiB" in line
+
+
+def test_from_models_without_a_drafter() -> None:
+    pair = ModelPair.from_models(tiny_llama(32), None, tiny_tokenizer(32))
+    assert pair.drafter is None and pair.vocab_size == 32
+
+
+def test_from_models_refuses_another_vocabulary() -> None:
+    with pytest.raises(IncompatibleTokenizersError, match="token id 7"):
+        ModelPair.from_models(
+            tiny_llama(32),
+            tiny_llama(32, seed=1),
+            tiny_tokenizer(32),
+            drafter_tokenizer=tiny_tokenizer(32, word_prefix="v"),
+        )
+
+
+def test_from_models_refuses_logits_narrower_than_the_tokenizer() -> None:
+    with pytest.raises(IncompatibleTokenizersError, match="24"):
+        ModelPair.from_models(tiny_llama(32), tiny_llama(24), tiny_tokenizer(32))
+
+
+def test_context_length_defaults_when_the_config_has_none() -> None:
+    model = tiny_llama(32)
+    del model.config.max_position_embeddings
+    assert ModelPair.from_models(model, None, tiny_tokenizer(32)).context_length == 2048
+
+
+# -- find_end_tokens ----------------------------------------------------------------------
+
+
+def test_end_tokens_of_the_tiny_tokenizer() -> None:
+    assert find_end_tokens(tiny_tokenizer(32)) == [IM_END]
+
+
+def test_end_tokens_union_with_the_generation_config() -> None:
+    tokenizer = tiny_tokenizer(32)
+    assert find_end_tokens(tokenizer, GenerationConfig(eos_token_id=[IM_END, 9])) == [IM_END, 9]
+    assert find_end_tokens(tokenizer, GenerationConfig(eos_token_id=5)) == [IM_END, 5]
+
+
+def test_end_of_turn_token_is_found_from_the_chat_template() -> None:
+    tokenizer = tiny_tokenizer(32)
+    tokenizer.add_tokens([AddedToken("<|eot|>", special=True)])
+    tokenizer.eos_token = "<s>"
+    tokenizer.chat_template = (
+        "{% for m in messages %}<|im_start|> {{ m['role'] }} {{ m['content'] }} <|eot|> "
+        "{% endfor %}"
+    )
+    assert find_end_tokens(tokenizer) == [1, tokenizer.convert_tokens_to_ids("<|eot|>")]
+
+
+def test_end_tokens_without_or_with_a_broken_chat_template() -> None:
+    tokenizer = tiny_tokenizer(32)
+    tokenizer.eos_token = "<s>"
+    tokenizer.chat_template = None
+    assert find_end_tokens(tokenizer) == [1]
+    tokenizer.chat_template = "{{ raise_exception('no assistant turns') }}"
+    assert find_end_tokens(tokenizer) == [1]
+
+
+# -- devices and dtypes -------------------------------------------------------------------
+
+
+def test_resolve_device() -> None:
+    assert resolve_device("auto").type in {"cpu", "cuda", "mps"}
+    assert resolve_device("cpu") == torch.device("cpu")
+    assert resolve_device(" CPU ") == torch.device("cpu")
+    for name in ("banana", "meta", "cuda:99"):
+        with pytest.raises(ModelLoadError, match=repr(name)):
+            resolve_device(name)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_resolve_device_cuda_without_cuda() -> None:
+    with pytest.raises(ModelLoadError, match="CUDA is not available"):
+        resolve_device("cuda")
+
+
+def test_resolve_dtype(monkeypatch: pytest.MonkeyPatch) -> None:
+    cpu = torch.device("cpu")
+    assert resolve_dtype("auto", cpu) == torch.float32
+    assert resolve_dtype("bf16", cpu) == resolve_dtype("bfloat16", cpu) == torch.bfloat16
+    assert resolve_dtype("fp16", cpu) == resolve_dtype("float16", cpu) == torch.float16
+    assert resolve_dtype("fp32", cpu) == torch.float32
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *args, **kwargs: True)
+    assert resolve_dtype("auto", torch.device("cuda")) == torch.bfloat16
+    with pytest.raises(ModelLoadError, match="bfloat16"):
+        resolve_dtype("int8", cpu)
+
+
+# -- local directories --------------------------------------------------------------------
+
+
+def test_load_pair_from_directories(tmp_path: Path) -> None:
+    target = save_tiny(tmp_path / "target")
+    drafter = save_tiny(tmp_path / "drafter", 40, seed=1, tokenizer=False)
+    messages: list[str] = []
+    pair = load_pair(
+        str(target), ModelSpec(str(drafter), dtype="bfloat16"), progress=messages.append
+    )
+    assert pair.drafter is not None and pair.drafter.dtype == torch.bfloat16
+    assert pair.target.kind == pair.drafter.kind == "directory"
+    assert pair.target.dtype == torch.float32 and not pair.target.model.training
+    assert pair.vocab_size == 32 and pair.eos_token_ids == [IM_END]
+    assert pair.device == torch.device("cpu") == pair.target.device
+    assert any(m.startswith("loading target") for m in messages)
+    assert any(m.startswith("loading drafter") for m in messages)
+
+
+def test_identical_specs_share_one_model(tmp_path: Path) -> None:
+    target = str(save_tiny(tmp_path / "target"))
+    pair = load_pair(target, target)
+    assert pair.drafter is pair.target
+
+
+def test_drafter_directory_with_another_vocabulary_is_refused(tmp_path: Path) -> None:
+    target = save_tiny(tmp_path / "target")
+    other = save_tiny(tmp_path / "other", tokenizer=False)
+    tiny_tokenizer(32, word_prefix="v").save_pretrained(other)
+    with pytest.raises(IncompatibleTokenizersError, match=r"'w7'.*'v7'"):
+        load_pair(str(target), str(other))
+
+
+@pytest.mark.parametrize("bits", ["8bit", "4bit"])
+def test_bitsandbytes_quantized_drafter(tmp_path: Path, bits: str) -> None:
+    pytest.importorskip("bitsandbytes")
+    directory = str(save_tiny(tmp_path / "model"))
+    pair = load_pair(directory, ModelSpec(directory, quantize=bits))
+    assert pair.drafter is not None and pair.drafter.quantization == bits
+    assert pair.drafter.parameters == pair.target.parameters
+    assert bits in pair.drafter.describe()
+    logits = pair.drafter.model(torch.tensor([[1, 7, 9]])).logits
+    assert logits.shape == (1, 3, 32)
+
+
+def test_target_directory_without_a_tokenizer(tmp_path: Path) -> None:
+    directory = save_tiny(tmp_path / "model", tokenizer=False)
+    with pytest.raises(ModelLoadError, match="no tokenizer"):
+        load_pair(str(directory))
+
+
+def test_remote_code_needs_the_flag(tmp_path: Path) -> None:
+    directory = save_tiny(tmp_path / "model")
+    config = json.loads((directory / "config.json").read_text())
+    config["model_type"] = "specrepl-custom"  # unknown to transformers: only remote code has it
+    config["auto_map"] = {
+        "AutoConfig": "configuration_custom.CustomConfig",
+        "AutoModelForCausalLM": "modeling_custom.CustomModel",
+    }
+    (directory / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ModelLoadError, match="--trust-remote-code"):
+        load_pair(str(directory))
+
+
+# -- sources that cannot be loaded --------------------------------------------------------
+
+
+def test_hub_id_offline_points_to_the_embedded_model(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    start = time.perf_counter()
+    with pytest.raises(ModelLoadError) as error:
+        load_pair("specrepl-tests/no-such-model")
+    message = str(error.value)
+    assert "could not reach" in message and "--target embedded" in message
+    assert "\n" not in message
+    assert time.perf_counter() - start < 10
+
+
+def test_missing_paths(tmp_path: Path) -> None:
+    with pytest.raises(ModelLoadError, match="no such GGUF file"):
+        load_pair(str(tmp_path / "missing.gguf"))
+    with pytest.raises(ModelLoadError, match="no such model directory"):
+        load_pair(str(tmp_path / "missing"))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ModelLoadError, match=r"config\.json"):
+        load_pair(str(tmp_path / "empty"))
+
+
+def test_embedded_without_its_package(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(models, "EMBEDDED_PACKAGE", "specrepl_no_such_package")
+    with pytest.raises(ModelLoadError, match=re.escape(models.EMBEDDED_INSTALL)):
+        load_pair("embedded")
+
+
+def test_broken_gguf_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SPECREPL_CACHE_DIR", str(tmp_path / "cache"))
+    broken = tmp_path / "broken.gguf"
+    broken.write_bytes(b"not a gguf file" * 100)
+    with pytest.raises(ModelLoadError, match="could not convert"):
+        load_pair(str(broken))
+    assert list((tmp_path / "cache" / "gguf").iterdir()) == []
+
+
+# -- the GGUF cache -----------------------------------------------------------------------
+
+
+def test_cache_root_precedence(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("SPECREPL_CACHE_DIR", str(tmp_path / "explicit"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert gguf_cache.cache_root() == tmp_path / "explicit"
+    monkeypatch.delenv("SPECREPL_CACHE_DIR")
+    assert gguf_cache.cache_root() == tmp_path / "xdg" / "specrepl"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    assert gguf_cache.cache_root() == Path.home() / ".cache" / "specrepl"
+
+
+def test_fingerprint_follows_the_content(tmp_path: Path) -> None:
+    a, b = tmp_path / "a.gguf", tmp_path / "b.gguf"
+    a.write_bytes(b"x" * 1000)
+    b.write_bytes(b"x" * 1000)
+    assert gguf_cache.fingerprint(a) == gguf_cache.fingerprint(b)
+    b.write_bytes(b"x" * 999 + b"y")
+    assert gguf_cache.fingerprint(a) != gguf_cache.fingerprint(b)
+
+
+def test_interrupted_conversion_leaves_no_copy(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SPECREPL_CACHE_DIR", str(tmp_path / "cache"))
+    source = tmp_path / "model.gguf"
+    source.write_bytes(b"GGUF" + bytes(100))
+
+    def interrupted(gguf_path: Path, out: Path) -> None:
+        (out / "model.safetensors").write_bytes(b"half")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(gguf_cache, "_convert", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        gguf_cache.converted_copy(source)
+    assert list((tmp_path / "cache" / "gguf").iterdir()) == []
+
+    def finished(gguf_path: Path, out: Path) -> None:
+        (out / gguf_cache.MARKER).write_text("{}")
+
+    monkeypatch.setattr(gguf_cache, "_convert", finished)
+    told: list[str] = []
+    first = gguf_cache.converted_copy(source, progress=told.append)
+    again = gguf_cache.converted_copy(source, progress=told.append)
+    assert not first.from_cache and again.from_cache
+    assert first.directory == again.directory and len(told) == 1
+
+
+# -- the embedded pair --------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def embedded_pair(embedded_cache_dir: str) -> ModelPair:
+    return load_pair("embedded", ModelSpec("embedded", dtype="bfloat16"))
+
+
+@pytest.mark.embedded
+def test_embedded_pair(embedded_pair: ModelPair, embedded_cache_dir: str) -> None:
+    pair = embedded_pair
+    assert len(pair.tokenizer) == pair.vocab_size == 49152
+    assert 2 in pair.eos_token_ids
+    assert pair.context_length == 8192
+    assert pair.target.kind == "embedded" and pair.target.dtype == torch.float32
+    assert pair.drafter is not None and pair.drafter.dtype == torch.bfloat16
+    assert pair.drafter.from_cache  # the target's conversion served the drafter
+    assert "134.5M params" in pair.target.describe()
+    copies = list((Path(embedded_cache_dir) / "gguf").glob("SmolLM2-135M-Instruct.Q4_1-*"))
+    assert len(copies) == 1  # converted once for both models
+    ids = pair.tokenizer("Hello", return_tensors="pt").input_ids
+    with torch.no_grad():
+        assert pair.target.model(ids).logits.shape[-1] == 49152
+
+
+@pytest.mark.embedded
+def test_embedded_second_load_reads_the_cache(embedded_pair: ModelPair) -> None:
+    assert os.environ.get("SPECREPL_CACHE_DIR")
+    start = time.perf_counter()
+    again = load_pair("embedded")
+    elapsed = time.perf_counter() - start
+    assert again.target.from_cache
+    assert again.drafter is None
+    assert elapsed < 5, f"a cached load took {elapsed:.1f} s"
+    assert isinstance(again.target, LoadedModel)
