@@ -46,8 +46,12 @@ class Drafter(Protocol):
         k: int,
         processor: LogitsProcessor,
         generator: torch.Generator | None,
+        min_confidence: float = 0.0,
     ) -> Draft:
-        """Up to k tokens that may follow `sequence` (1-D ids, the whole context)."""
+        """Up to k tokens that may follow `sequence` (1-D ids, the whole context).
+
+        A drafter with distributions stops early when its most likely next
+        token has probability below `min_confidence`; others ignore it."""
 
     def update(self, sequence: torch.Tensor, valid_length: int) -> None:
         """After verification: `sequence` is the new context; its first
@@ -79,6 +83,7 @@ class ModelDrafter:
         k: int,
         processor: LogitsProcessor,
         generator: torch.Generator | None,
+        min_confidence: float = 0.0,
     ) -> Draft:
         if self.context is not None:
             # the drafter reads the sequence plus k - 1 of its own drafts
@@ -91,13 +96,19 @@ class ModelDrafter:
         for _ in range(k):
             logits = forward_logits(self.model, context, self.cache, 1, self.vocab_size)[0]
             if processor.is_greedy:
+                if min_confidence > 0 and float(torch.softmax(logits, -1).max()) < min_confidence:
+                    break
                 token = torch.argmax(logits, dim=-1, keepdim=True)
             else:
                 probs = processor.probabilities(logits)
+                if min_confidence > 0 and float(probs.max()) < min_confidence:
+                    break
                 token = processor.sample(probs, generator).reshape(1)
                 laws.append(probs)
             tokens.append(token)
             context = torch.cat((context, token))
+        if not tokens:
+            return Draft(sequence.new_empty(0), None)
         drafted = torch.cat(tokens).to(sequence.device)
         return Draft(drafted, torch.stack(laws).to(sequence.device) if laws else None)
 
@@ -114,3 +125,123 @@ def as_drafter(drafter: Drafter | PreTrainedModel, *, use_cache: bool = True) ->
     raise TypeError(
         f"a drafter must be a transformers causal LM or a Drafter, got {type(drafter).__name__}"
     )
+
+
+class NgramDrafter:
+    """Counts of k-grams (k = 2..max_order) from the prompt and everything generated.
+
+    Proposes, token after token, the most frequent continuation of the longest
+    context it has seen, and stops when no context matches. Deterministic: q is
+    a point mass, so speculative sampling stays lossless. `keep_between_prompts`
+    keeps the counts from one generation to the next (a chat); otherwise every
+    generation starts empty.
+    """
+
+    def __init__(self, max_order: int = 4, *, keep_between_prompts: bool = False) -> None:
+        if max_order < 2:
+            raise ValueError(f"max_order must be >= 2, got {max_order}")
+        self.name = "ngram"
+        self.max_order = max_order
+        self.keep_between_prompts = keep_between_prompts
+        # context tuple -> {next token: count}; best continuation kept alongside
+        self.counts: dict[tuple[int, ...], dict[int, int]] = {}
+        self.best: dict[tuple[int, ...], tuple[int, int]] = {}
+        self.tokens: list[int] = []
+
+    def reset(self) -> None:
+        self.counts.clear()
+        self.best.clear()
+        self.tokens = []
+
+    def _add(self, new_tokens: list[int]) -> None:
+        """Count the k-grams that end at each new token."""
+        tokens = self.tokens
+        for token in new_tokens:
+            tokens.append(token)
+            end = len(tokens) - 1
+            for order in range(1, min(self.max_order - 1, end) + 1):
+                context = tuple(tokens[end - order : end])
+                followers = self.counts.setdefault(context, {})
+                count = followers.get(token, 0) + 1
+                followers[token] = count
+                best = self.best.get(context)
+                if best is None or count >= best[0]:
+                    self.best[context] = (count, token)
+
+    def begin(self, prompt: torch.Tensor, vocab_size: int) -> None:
+        if not self.keep_between_prompts:
+            self.reset()
+        self.tokens = []
+        self._add(prompt.tolist())
+
+    def _continuation(self, tokens: list[int]) -> int | None:
+        for order in range(min(self.max_order - 1, len(tokens)), 0, -1):
+            best = self.best.get(tuple(tokens[-order:]))
+            if best is not None:
+                return best[1]
+        return None
+
+    def propose(
+        self,
+        sequence: torch.Tensor,
+        k: int,
+        processor: LogitsProcessor,
+        generator: torch.Generator | None,
+        min_confidence: float = 0.0,
+    ) -> Draft:
+        context = self.tokens[-(self.max_order - 1) :]
+        drafts: list[int] = []
+        for _ in range(k):
+            token = self._continuation(context)
+            if token is None:
+                break
+            drafts.append(token)
+            context = (
+                [*context[1:], token] if len(context) >= self.max_order - 1 else [*context, token]
+            )
+        return Draft(torch.tensor(drafts, dtype=torch.long, device=sequence.device), None)
+
+    def update(self, sequence: torch.Tensor, valid_length: int) -> None:
+        seen = len(self.tokens)
+        if sequence.shape[0] > seen:
+            self._add(sequence[seen:].tolist())
+
+
+class LookupDrafter:
+    """Prompt lookup decoding: find the last n tokens earlier in the context and
+    propose what followed them there (n from max_ngram down to min_ngram).
+
+    Deterministic (a point-mass q); costs no model call.
+    """
+
+    def __init__(self, max_ngram: int = 3, min_ngram: int = 1) -> None:
+        if not 1 <= min_ngram <= max_ngram:
+            raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
+        self.name = "lookup"
+        self.max_ngram = max_ngram
+        self.min_ngram = min_ngram
+
+    def begin(self, prompt: torch.Tensor, vocab_size: int) -> None:
+        pass
+
+    def propose(
+        self,
+        sequence: torch.Tensor,
+        k: int,
+        processor: LogitsProcessor,
+        generator: torch.Generator | None,
+        min_confidence: float = 0.0,
+    ) -> Draft:
+        length = sequence.shape[0]
+        for n in range(min(self.max_ngram, length - 1), self.min_ngram - 1, -1):
+            suffix = sequence[length - n :]
+            # windows that start before the suffix itself and are followed by a token
+            windows = sequence[: length - 1].unfold(0, n, 1)
+            hits = (windows == suffix).all(dim=1).nonzero().flatten()
+            if hits.numel():
+                start = int(hits[-1]) + n
+                return Draft(sequence[start : start + k], None)
+        return Draft(sequence.new_empty(0), None)
+
+    def update(self, sequence: torch.Tensor, valid_length: int) -> None:
+        pass

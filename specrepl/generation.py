@@ -24,6 +24,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from .drafters import Draft, Drafter, as_drafter
 from .forward import context_length, forward_logits, logits_width, model_device
+from .gamma import FixedGamma, GammaPolicy
 from .kv_cache import new_cache, rollback_to
 from .processors import GreedyProcessor, LogitsProcessor
 from .results import GenerationResult, GeneratorKind, StepEvent, StopReason
@@ -101,7 +102,7 @@ def _run_loop(
     drafter: Drafter | None,
     *,
     logits_processor: LogitsProcessor,
-    gamma: int,
+    gamma: int | GammaPolicy,
     max_gen_len: int,
     eos_tokens_id: int | Iterable[int] | None,
     use_cache: bool,
@@ -109,8 +110,7 @@ def _run_loop(
     vocab_size: int | None,
 ) -> Iterator[StepEvent]:
     """The decoding loop; returns (via StopIteration) the stop reason and active seconds."""
-    if gamma < 0:
-        raise ValueError(f"gamma must be >= 0, got {gamma}")
+    policy = FixedGamma(gamma) if isinstance(gamma, int) else gamma
     if max_gen_len < 1:
         raise ValueError(f"max_gen_len must be >= 1, got {max_gen_len}")
     context = context_length(target)
@@ -130,14 +130,18 @@ def _run_loop(
     cache = new_cache(target) if use_cache else None
     if drafter is not None:
         drafter.begin(sequence, vocab_size)
+    policy.start()
     generated = 0
     empty = sequence.new_empty(0)
     while generated < limit:
         step_start = clock.now()
         budget = limit - generated
-        k = min(gamma, budget - 1)
+        requested = policy.next_gamma()
+        k = min(requested, budget - 1)
         if drafter is not None and k > 0:
-            draft = drafter.propose(sequence, k, logits_processor, generator)
+            draft = drafter.propose(
+                sequence, k, logits_processor, generator, min_confidence=policy.min_confidence
+            )
         else:
             draft = Draft(empty, None)
         drafted_at = clock.now()
@@ -168,14 +172,17 @@ def _run_loop(
             drafter.update(sequence, length + accepted)
         generated += len(appended)
         clock.pause()
-        yield StepEvent(
+        event = StepEvent(
             drafts=tuple(draft.tokens.tolist()),
             accepted=accepted,
             appended=tuple(appended),
             draft_seconds=drafted_at - step_start,
             target_seconds=verified_at - drafted_at,
             seconds_since_start=clock.active,
+            requested_gamma=requested,
         )
+        policy.observe(event)
+        yield event
         clock.resume()
         if stop is not None:
             clock.pause()
@@ -222,7 +229,7 @@ def stream_speculative(
     target: PreTrainedModel,
     *,
     logits_processor: LogitsProcessor | None = None,
-    gamma: int = 4,
+    gamma: int | GammaPolicy = 4,
     max_gen_len: int = 128,
     eos_tokens_id: int | Iterable[int] | None = None,
     use_cache: bool = True,
@@ -276,7 +283,7 @@ def speculative_generate(
     target: PreTrainedModel,
     *,
     logits_processor: LogitsProcessor | None = None,
-    gamma: int = 4,
+    gamma: int | GammaPolicy = 4,
     max_gen_len: int = 128,
     eos_tokens_id: int | Iterable[int] | None = None,
     use_cache: bool = True,
@@ -289,8 +296,9 @@ def speculative_generate(
 
     The output follows the target's distribution exactly (greedy: the target's
     greedy tokens). `drafter` is a model sharing the target's tokenizer or a
-    `Drafter`; `vocab_size` is the logits width both are cut to (default: the
-    narrower model's); `generator` must live on the target's device. Stops at
+    `Drafter`; `gamma` is a fixed number of drafts per step or a `GammaPolicy`;
+    `vocab_size` is the logits width both are cut to (default: the narrower
+    model's); `generator` must live on the target's device. Stops at
     any token in `eos_tokens_id` (included in the output). `on_step` sees each
     `StepEvent` as it happens. Ctrl-C raises `GenerationInterrupted` carrying
     the partial result.

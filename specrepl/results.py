@@ -24,6 +24,8 @@ class StepEvent:
     the accepted drafts followed by the target's own token (the correction at
     the first rejected position, or the bonus token when all were accepted).
     For an autoregressive step `drafts` is empty and `appended` has one token.
+    `requested_gamma` is what the gamma policy asked for; a drafter may propose
+    fewer (a confidence stop, no n-gram match, the end of the budget).
     `appended` is already cut at an end token and at the length budget.
     """
 
@@ -33,6 +35,7 @@ class StepEvent:
     draft_seconds: float
     target_seconds: float
     seconds_since_start: float
+    requested_gamma: int = 0
 
     @property
     def rejected(self) -> int | None:

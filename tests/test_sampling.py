@@ -15,7 +15,7 @@ import torch
 from scipy import stats
 
 import specrepl.verification as verification
-from specrepl.drafters import Draft
+from specrepl.drafters import Draft, LookupDrafter, NgramDrafter
 from specrepl.generation import speculative_generate
 from specrepl.processors import (
     LogitsProcessor,
@@ -28,7 +28,7 @@ from specrepl.testing import perturbed_copy, tiny_llama
 
 VOCAB = 8
 LENGTH = 3
-PROMPT = [1, 2, 3]
+PROMPT = [1, 2, 3, 1, 2]  # repeats, so the n-gram and lookup drafters find matches
 SAMPLES = 2500
 # With this target and 2500 samples, sampling noise alone gives a total
 # variation of about 0.05; the negative control gives far more.
@@ -52,7 +52,7 @@ class RepeatLastDrafter:
     def begin(self, prompt: torch.Tensor, vocab_size: int) -> None:
         pass
 
-    def propose(self, sequence, k, processor, generator) -> Draft:
+    def propose(self, sequence, k, processor, generator, min_confidence=0.0) -> Draft:
         return Draft(sequence[-1:].repeat(k), None)
 
     def update(self, sequence, valid_length) -> None:
@@ -76,6 +76,7 @@ def exact_law(model: torch.nn.Module, processor: LogitsProcessor) -> dict[tuple[
 
 
 def sample_counts(target, drafter, processor, gamma, use_cache=True, seed=0):
+    """Draw SAMPLES generations (the same drafter object throughout)."""
     generator = torch.Generator().manual_seed(seed)
     counts: dict[tuple[int, ...], int] = {}
     accepted = drafted = 0
@@ -140,9 +141,19 @@ def test_model_drafter_sampling_is_lossless(target, drafter, case) -> None:
     assert total_variation < 0.09, (p_value, total_variation)
 
 
-def test_deterministic_drafter_sampling_is_lossless(target) -> None:
+DETERMINISTIC = {
+    "repeat-last": RepeatLastDrafter,
+    "ngram": lambda: NgramDrafter(3),
+    "ngram-kept": lambda: NgramDrafter(3, keep_between_prompts=True),
+    "lookup": lambda: LookupDrafter(2),
+}
+
+
+@pytest.mark.parametrize("kind", list(DETERMINISTIC))
+def test_deterministic_drafter_sampling_is_lossless(target, kind) -> None:
+    """Point-mass drafters (q one-hot) keep the target's law."""
     processor = MultinomialProcessor(1.0)
-    counts, acceptance = sample_counts(target, RepeatLastDrafter(), processor, gamma=2)
+    counts, acceptance = sample_counts(target, DETERMINISTIC[kind](), processor, gamma=2)
     p_value, total_variation = compare(exact_law(target, processor), counts)
     assert 0.05 < acceptance < 0.95
     assert p_value > 1e-3 and total_variation < 0.09, (p_value, total_variation)
