@@ -1,0 +1,339 @@
+"""The command line: `python infer.py [flags]` (the `specrepl` script).
+
+Reads the config (`configs/default.toml` or `--config`), lets flags override
+it, loads the model pair and then either opens the REPL or, with `--prompt`,
+answers one prompt and exits (`--json` for one JSON object on stdout).
+Subcommands (such as a later `bench`) register a `Subcommand` in
+`SUBCOMMANDS` and reuse `add_model_options`, `add_setting_options`,
+`app_config` and `load_models`.
+
+This module wires the parts together; it does not print (render.py does),
+does not parse REPL commands (commands.py) and knows nothing about decoding.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+from rich.console import Console
+
+from . import repl
+from .compatibility import IncompatibleTokenizersError
+from .config import (
+    DTYPE_NAMES,
+    QUANTIZE_NAMES,
+    AppConfig,
+    ConfigError,
+    ModelSpec,
+    default_config_path,
+    load_config,
+)
+from .models import ModelLoadError, load_pair
+from .processors import PROCESSORS
+from .render import Renderer
+from .session import ChatSession
+from .settings import SettingError, Settings
+
+if TYPE_CHECKING:
+    from .models import LoadedModel, ModelPair
+    from .session import Answer
+
+__all__ = [
+    "SUBCOMMANDS",
+    "Subcommand",
+    "add_model_options",
+    "add_setting_options",
+    "app_config",
+    "build_parser",
+    "load_models",
+    "main",
+    "one_shot_payload",
+]
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+NO_DRAFTER = "none"
+
+
+@dataclass(frozen=True)
+class Subcommand:
+    """A `python infer.py NAME ...` subcommand."""
+
+    name: str
+    help: str
+    configure: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], int]
+
+
+SUBCOMMANDS: list[Subcommand] = []
+
+
+@dataclass(frozen=True)
+class _SettingFlag:
+    """A flag that sets one field of `Settings`."""
+
+    flag: str
+    setting: str
+    value: Any = None
+    """For a switch, the value it sets; None for a flag that takes a value."""
+
+
+_SETTING_FLAGS = (
+    _SettingFlag("--gamma", "gamma"),
+    _SettingFlag("--processor", "processor"),
+    _SettingFlag("--temperature", "temperature"),
+    _SettingFlag("--top-k", "top_k"),
+    _SettingFlag("--top-p", "top_p"),
+    _SettingFlag("--max-new-tokens", "max_new_tokens"),
+    _SettingFlag("--seed", "seed"),
+    _SettingFlag("--system-prompt", "system_prompt"),
+    _SettingFlag("--no-cache", "use_cache", False),
+    _SettingFlag("--no-chat", "chat", False),
+    _SettingFlag("--no-speculative", "speculative", False),
+    _SettingFlag("--no-target-gen", "target_gen", False),
+    _SettingFlag("--drafter-gen", "drafter_gen", True),
+    _SettingFlag("--debug", "debug", True),
+)
+
+
+def add_model_options(parser: argparse.ArgumentParser) -> None:
+    """Which config to read and the flags that override its models."""
+    group = parser.add_argument_group("models (override the config)")
+    group.add_argument(
+        "--config",
+        metavar="PATH",
+        help=f"TOML config file (default: {default_config_path()})",
+    )
+    group.add_argument(
+        "--target",
+        metavar="SOURCE",
+        help='target model: "embedded", a .gguf file, a model directory or a hub id',
+    )
+    group.add_argument(
+        "--drafter",
+        metavar="SOURCE",
+        help=f'drafter model, as for --target; "{NO_DRAFTER}" loads no drafter',
+    )
+    group.add_argument("--device", help="auto, cpu, cuda, cuda:N or mps")
+    dtypes, quantizations = ", ".join(DTYPE_NAMES), ", ".join(QUANTIZE_NAMES)
+    for role, prefix in (("target", ""), ("drafter", "drafter-")):
+        group.add_argument(
+            f"--{prefix}dtype",
+            choices=DTYPE_NAMES,
+            metavar="DTYPE",
+            help=f"the {role}'s dtype: {dtypes}",
+        )
+        group.add_argument(
+            f"--{prefix}quantize",
+            choices=QUANTIZE_NAMES,
+            metavar="BITS",
+            help=f"the {role}'s quantization (bitsandbytes): {quantizations}",
+        )
+    group.add_argument(
+        "--trust-remote-code",
+        action="store_true",
+        default=None,
+        help="allow models to run code from their repository (off unless asked for)",
+    )
+
+
+def add_setting_options(parser: argparse.ArgumentParser) -> None:
+    """One flag per session setting; each overrides the config's value."""
+    group = parser.add_argument_group("generation settings (override the config)")
+    for flag in _SETTING_FLAGS:
+        bound = Settings.bound(flag.setting)
+        help = Settings.help(flag.setting)
+        if flag.value is not None:
+            group.add_argument(
+                flag.flag,
+                dest=flag.setting,
+                action="store_const",
+                const=flag.value,
+                default=None,
+                help=f"{help}: {'on' if flag.value else 'off'}",
+            )
+            continue
+        kind = bound.kind if bound.kind in (int, float) else str
+        metavar = {int: "N", float: "X"}.get(kind, "NAME" if bound.choices else "TEXT")
+        valid = "" if kind is str and not bound.choices else f" ({bound.describe()})"
+        group.add_argument(
+            flag.flag,
+            dest=flag.setting,
+            type=kind,
+            metavar=metavar,
+            default=None,
+            help=help + valid,
+        )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        description=(
+            "See, measure and use speculative decoding. Without --prompt, opens the "
+            "REPL (type /help there)."
+        ),
+        epilog=f"Processors: {', '.join(PROCESSORS)}.",
+    )
+    parser.add_argument("--prompt", metavar="TEXT", help="answer one prompt and exit")
+    parser.add_argument(
+        "--json", action="store_true", help="with --prompt: print one JSON object on stdout"
+    )
+    add_model_options(parser)
+    add_setting_options(parser)
+    if SUBCOMMANDS:
+        subparsers = parser.add_subparsers(dest="subcommand", metavar="COMMAND")
+        for subcommand in SUBCOMMANDS:
+            sub = subparsers.add_parser(subcommand.name, help=subcommand.help)
+            subcommand.configure(sub)
+            sub.set_defaults(run=subcommand.run)
+    return parser
+
+
+def _model_spec(
+    spec: ModelSpec | None, source: str | None, dtype: str | None, quantize: str | None
+) -> ModelSpec | None:
+    if source is not None:
+        spec = ModelSpec(source) if spec is None else replace(spec, source=source)
+    if spec is None:
+        return None
+    changes = {key: value for key, value in (("dtype", dtype), ("quantize", quantize)) if value}
+    return replace(spec, **changes) if changes else spec
+
+
+def app_config(args: argparse.Namespace) -> AppConfig:
+    """The config file with the command line's overrides applied.
+
+    Raises ConfigError for a bad file and SettingError or ValueError for a
+    bad flag value, each naming what was wrong.
+    """
+    config = load_config(args.config or default_config_path())
+    target = _model_spec(config.target, args.target, args.dtype, args.quantize)
+    assert target is not None
+    if args.drafter is not None and args.drafter.lower() == NO_DRAFTER:
+        drafter = None
+    else:
+        drafter = _model_spec(
+            config.drafter, args.drafter, args.drafter_dtype, args.drafter_quantize
+        )
+    settings = config.settings
+    for flag in _SETTING_FLAGS:
+        value = getattr(args, flag.setting, None)
+        if value is None:
+            continue
+        if Settings.bound(flag.setting).optional and str(value).lower() == "none":
+            value = None  # e.g. `--system-prompt none`: the template's own
+        try:
+            settings = settings.updated(**{flag.setting: value})
+        except SettingError as error:
+            raise SettingError(f"{flag.flag}: {error}") from None
+    return replace(
+        config,
+        target=target,
+        drafter=drafter,
+        device=args.device or config.device,
+        trust_remote_code=bool(args.trust_remote_code or config.trust_remote_code),
+        settings=settings,
+    )
+
+
+def load_models(config: AppConfig, renderer: Renderer) -> ChatSession:
+    """Load the config's pair into a warmed-up session, showing progress.
+
+    Raises ModelLoadError or IncompatibleTokenizersError.
+    """
+    with renderer.loading("Loading models") as progress:
+        pair = load_pair(
+            config.target,
+            config.drafter,
+            device=config.device,
+            trust_remote_code=config.trust_remote_code,
+            progress=progress,
+        )
+        session = ChatSession(pair, config.settings)
+        progress("warming up…")
+        session.warm_up()
+    return session
+
+
+def _model_info(model: LoadedModel | None) -> dict[str, Any] | None:
+    if model is None:
+        return None
+    return {
+        "name": model.name,
+        "kind": model.kind,
+        "dtype": str(model.dtype).removeprefix("torch."),
+        "quantization": model.quantization,
+        "parameters": model.parameters,
+        "memory_bytes": model.memory_bytes,
+        "load_seconds": model.load_seconds,
+        "from_cache": model.from_cache,
+    }
+
+
+def one_shot_payload(config: AppConfig, pair: ModelPair, answer: Answer) -> dict[str, Any]:
+    """The `--json` object: the config used, one record per run, the speedup."""
+    return {
+        "config": {
+            **answer.settings.as_dict(),
+            "config_file": None if config.path is None else str(config.path),
+            "device": str(pair.device),
+            "target": _model_info(pair.target),
+            "drafter": _model_info(pair.drafter),
+            "prompt_mode": answer.mode,
+            "prompt_tokens": answer.prompt_tokens,
+        },
+        "runs": {name: run.to_dict() for name, run in answer.runs.items()},
+        "speedup": answer.speedup,
+        "refusal": answer.refusal,
+    }
+
+
+def _one_shot(
+    config: AppConfig, session: ChatSession, renderer: Renderer, args: argparse.Namespace
+) -> int:
+    if args.json:
+        answer = session.answer(args.prompt)
+        renderer.json(one_shot_payload(config, session.pair, answer))
+    else:
+        with renderer.stream() as on_event:
+            answer = session.answer(args.prompt, on_event)
+        renderer.answer(answer)
+    if answer.interrupted:
+        return EXIT_INTERRUPTED
+    return EXIT_FAILED if answer.refusal is not None else EXIT_OK
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run specrepl with `argv` (default: the process's arguments); returns the exit status."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    subcommand = getattr(args, "run", None)
+    if subcommand is not None:
+        return int(subcommand(args))
+    if args.json and args.prompt is None:
+        parser.error("--json needs --prompt")
+    renderer = Renderer(Console(highlight=False), status_console=Console(stderr=True))
+    try:
+        config = app_config(args)
+    except (ConfigError, SettingError, ValueError) as error:
+        renderer.fatal(str(error))
+        return EXIT_USAGE
+    try:
+        session = load_models(config, renderer)
+    except (ModelLoadError, IncompatibleTokenizersError) as error:
+        renderer.fatal(str(error))
+        return EXIT_FAILED
+    except KeyboardInterrupt:
+        renderer.fatal("Interrupted while loading the models.")
+        return EXIT_INTERRUPTED
+    if not args.json:
+        renderer.loaded(session.pair)
+    if args.prompt is not None:
+        return _one_shot(config, session, renderer, args)
+    return repl.run(session, renderer, repl.make_reader(session, renderer, stdin=sys.stdin))

@@ -1,0 +1,533 @@
+"""The slash commands: one registry, each command declared once.
+
+A command is declared with `@REGISTRY.command(...)`: its name, aliases, typed
+arguments (the bounds of an argument that sets a setting come from
+`Settings`), one line of help and its handler. Parsing, argument errors,
+`/help` and completion are all generated from these declarations; there is no
+dispatch on command names anywhere else.
+
+Handlers change the `ChatSession` and return a result object describing what
+happened; they never print, read input or exit. A command that fails returns
+`CommandFailed` with the reason and the valid form, and changes nothing.
+This module knows nothing about the terminal, rich or prompt_toolkit.
+"""
+
+from __future__ import annotations
+
+import difflib
+import shlex
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING, Any, Union
+
+from .processors import PROCESSORS
+from .settings import SettingError, Settings
+
+if TYPE_CHECKING:
+    from .models import ModelPair
+    from .session import Change, ChatSession
+
+__all__ = [
+    "PROCESSOR_PARAMETERS",
+    "REGISTRY",
+    "Argument",
+    "ClearScreen",
+    "Command",
+    "CommandError",
+    "CommandFailed",
+    "CommandRegistry",
+    "CommandResult",
+    "HistoryCleared",
+    "Quit",
+    "SettingsChanged",
+    "ShowHelp",
+    "ShowModels",
+    "ShowSettings",
+]
+
+PREFIX = "/"
+SAMPLING_SETTINGS = ("processor", "temperature", "top_k", "top_p")
+BOOL_WORDS: dict[str, bool] = {
+    "on": True,
+    "off": False,
+    "true": True,
+    "false": False,
+    "yes": True,
+    "no": False,
+    "1": True,
+    "0": False,
+}
+
+#: The parameters each processor takes, in the order they are given positionally.
+PROCESSOR_PARAMETERS: dict[str, tuple[str, ...]] = {
+    name: tuple(f.name for f in fields(cls)) for name, cls in PROCESSORS.items()
+}
+
+
+class CommandError(ValueError):
+    """A command line that cannot be parsed; the message says what was wrong."""
+
+
+# -- results ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SettingsChanged:
+    """Settings a command changed (or set to the value they had)."""
+
+    changes: tuple[Change, ...]
+    settings: Settings
+
+
+@dataclass(frozen=True)
+class ShowSettings:
+    """Every setting, for `/config` (or a subset, for a bare query like `/system`)."""
+
+    settings: Settings
+    names: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class ShowModels:
+    pair: ModelPair
+
+
+@dataclass(frozen=True)
+class ShowHelp:
+    commands: tuple[Command, ...]
+    topic: Command | None = None
+
+
+@dataclass(frozen=True)
+class HistoryCleared:
+    turns: int
+
+
+@dataclass(frozen=True)
+class ClearScreen:
+    pass
+
+
+@dataclass(frozen=True)
+class Quit:
+    pass
+
+
+@dataclass(frozen=True)
+class CommandFailed:
+    """The command changed nothing: `message` says why, `usage` gives the valid form."""
+
+    message: str
+    usage: str | None = None
+
+
+CommandResult = Union[  # noqa: UP007 - a runtime alias
+    SettingsChanged, ShowSettings, ShowModels, ShowHelp, HistoryCleared, ClearScreen, Quit,
+    CommandFailed,
+]  # fmt: skip
+Handler = Callable[["ChatSession", Mapping[str, Any]], CommandResult]
+
+
+# -- declarations ----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Argument:
+    """One typed argument of a command.
+
+    `setting` names the `Settings` field whose bounds apply. `when` makes the
+    argument apply only when another argument has one of the given values (the
+    processor parameters). `rest` takes the rest of the line as text.
+    """
+
+    name: str
+    kind: type
+    help: str
+    setting: str | None = None
+    choices: tuple[str, ...] = ()
+    required: bool = False
+    when: tuple[str, tuple[str, ...]] | None = None
+    rest: bool = False
+    choices_of: Callable[[], Iterable[str]] | None = None
+    """Values offered for completion only (not enforced), computed when asked."""
+    metavar: str | None = None
+
+    def options(self) -> tuple[str, ...]:
+        """The fixed values this argument can take (for completion), if any."""
+        if self.choices_of is not None:
+            return tuple(self.choices_of())
+        if self.choices:
+            return self.choices
+        if self.kind is bool:
+            return ("on", "off")
+        return ()
+
+    def form(self) -> str:
+        """How the argument is written in a usage line."""
+        if self.metavar is not None:
+            return self.metavar
+        if self.kind is bool:
+            return "on|off"
+        if self.choices:
+            return "|".join(self.choices) if len(self.choices) <= 3 else self.name.upper()
+        return self.name.upper() if self.kind is str else self.name
+
+    def valid(self) -> str:
+        """A phrase naming the valid values."""
+        if self.setting is not None:
+            return Settings.bound(self.setting).describe()
+        options = self.options()
+        if options:
+            return "one of " + ", ".join(options)
+        return {int: "an integer", float: "a number", bool: "on or off"}.get(self.kind, "text")
+
+    def applies(self, values: Mapping[str, Any]) -> bool:
+        if self.when is None:
+            return True
+        other, allowed = self.when
+        return values.get(other) in allowed
+
+    def convert(self, token: str) -> Any:
+        """Parse one token to this argument's type and check its bounds."""
+        wrong = CommandError(f"{self.name} must be {self.valid()}, got {token!r}")
+        if self.kind is bool:
+            if token.lower() not in BOOL_WORDS:
+                raise wrong
+            value: Any = BOOL_WORDS[token.lower()]
+        elif self.kind is int:
+            try:
+                value = int(token)
+            except ValueError:
+                raise wrong from None
+        elif self.kind is float:
+            try:
+                value = float(token)
+            except ValueError:
+                raise wrong from None
+        else:
+            value = token
+            if self.choices and value not in self.choices:
+                raise wrong
+        if self.setting is not None:
+            bound = Settings.bound(self.setting)
+            if bound.optional and bound.kind is str and value.lower() == "none":
+                return None
+            try:
+                value = bound.check(self.name, value)
+            except SettingError as error:
+                raise CommandError(str(error)) from None
+        return value
+
+
+@dataclass(frozen=True)
+class Command:
+    """A slash command: its name, aliases, arguments, one line of help, its handler."""
+
+    name: str
+    aliases: tuple[str, ...]
+    arguments: tuple[Argument, ...]
+    help: str
+    handler: Handler
+    current: Callable[[ChatSession], dict[str, Any]] | None = None
+    """Current values of the arguments, for those the user leaves out."""
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return (self.name, *self.aliases)
+
+    def usage(self) -> str:
+        parts = [PREFIX + self.name]
+        for argument in self.arguments:
+            text = argument.form() + ("..." if argument.rest else "")
+            parts.append(text if argument.required else f"[{text}]")
+        return " ".join(parts)
+
+    def argument(self, name: str) -> Argument | None:
+        return next((a for a in self.arguments if a.name == name), None)
+
+    def _assign(
+        self, tokens: list[str], context: Mapping[str, Any], convert: bool
+    ) -> tuple[dict[str, Any], Argument | None]:
+        """Match tokens to arguments; returns the values and the next positional argument.
+
+        A token is `name=value` or the value of the next argument that is not
+        given yet and applies to the values so far.
+        """
+        values: dict[str, Any] = {}
+        for token in tokens:
+            key, equals, raw = token.partition("=")
+            argument = self.argument(key) if equals else None
+            if argument is not None:
+                if key in values:
+                    raise CommandError(f"{key} is given twice")
+            else:
+                argument = self._next(values, context)
+                if argument is None:
+                    raise CommandError(f"unexpected argument {token!r}")
+                raw = token
+            values[argument.name] = argument.convert(raw) if convert else raw
+        return values, self._next(values, context)
+
+    def _next(self, values: Mapping[str, Any], context: Mapping[str, Any]) -> Argument | None:
+        merged = {**context, **values}
+        return next((a for a in self.arguments if a.name not in values and a.applies(merged)), None)
+
+    def parse(self, text: str, session: ChatSession | None = None) -> dict[str, Any]:
+        """The argument values of `text` (everything after the command name).
+
+        Arguments are given in order or as `name=value`; arguments that do
+        not apply (a processor parameter the chosen processor does not take)
+        are skipped in the positional order and refused by name.
+        """
+        context = dict(self.current(session)) if self.current and session is not None else {}
+        rest = next((a for a in self.arguments if a.rest), None)
+        if rest is not None:
+            text = text.strip()
+            values = {rest.name: rest.convert(text)} if text else {}
+        else:
+            try:
+                tokens = shlex.split(text)
+            except ValueError as error:
+                raise CommandError(f"cannot read the arguments: {error}") from None
+            values, _ = self._assign(tokens, context, convert=True)
+        merged = {**context, **values}
+        for argument in self.arguments:
+            if argument.name in values and not argument.applies(merged):
+                other = argument.when[0] if argument.when else ""
+                raise CommandError(f"{merged.get(other)} takes no {argument.name}")
+            if argument.required and argument.name not in values:
+                raise CommandError(f"missing {argument.name} ({argument.valid()})")
+        return values
+
+    def completions(self, tokens: list[str], word: str) -> list[str]:
+        """What `word` may become after the complete argument tokens `tokens`."""
+        if any(argument.rest for argument in self.arguments):
+            return []
+        try:
+            values, following = self._assign(tokens, {}, convert=False)
+        except CommandError:
+            return []
+        options = list(following.options()) if following is not None else []
+        if word:
+            merged = dict(values)
+            options += [
+                f"{a.name}="
+                for a in self.arguments[1:]
+                if a.name not in values and a.applies(merged)
+            ]
+        return [option for option in options if option.startswith(word)]
+
+
+class CommandRegistry:
+    """Every command, looked up by name or alias."""
+
+    def __init__(self) -> None:
+        self._commands: dict[str, Command] = {}
+        self._by_name: dict[str, Command] = {}
+
+    def command(
+        self,
+        name: str,
+        *,
+        help: str,
+        aliases: tuple[str, ...] = (),
+        arguments: tuple[Argument, ...] = (),
+        current: Callable[[ChatSession], dict[str, Any]] | None = None,
+    ) -> Callable[[Handler], Handler]:
+        """Decorator that declares a command with its handler."""
+
+        def register(handler: Handler) -> Handler:
+            self.add(Command(name, aliases, arguments, help, handler, current))
+            return handler
+
+        return register
+
+    def add(self, command: Command) -> None:
+        for name in command.names:
+            if name in self._by_name:
+                raise ValueError(f"command name {name!r} is declared twice")
+        self._commands[command.name] = command
+        for name in command.names:
+            self._by_name[name] = command
+
+    @property
+    def commands(self) -> tuple[Command, ...]:
+        return tuple(self._commands.values())
+
+    def names(self) -> list[str]:
+        """Every name and alias, with the prefix."""
+        return [PREFIX + name for name in self._by_name]
+
+    def lookup(self, name: str) -> Command | None:
+        return self._by_name.get(name.removeprefix(PREFIX).lower())
+
+    @staticmethod
+    def is_command(line: str) -> bool:
+        """Lines starting with one `/` are commands (`//text` is a prompt `/text`)."""
+        stripped = line.lstrip()
+        return stripped.startswith(PREFIX) and not stripped.startswith(PREFIX * 2)
+
+    def dispatch(self, session: ChatSession, line: str) -> CommandResult:
+        """Run the command on `line`; errors come back as `CommandFailed`."""
+        word, _, text = line.strip().partition(" ")
+        command = self.lookup(word)
+        if command is None:
+            return self.unknown(word)
+        try:
+            values = command.parse(text, session)
+            return command.handler(session, values)
+        except (CommandError, SettingError) as error:
+            return CommandFailed(str(error), command.usage())
+
+    def unknown(self, word: str) -> CommandFailed:
+        """The answer to a name that is no command, with the nearest one."""
+        word = PREFIX + word.removeprefix(PREFIX)
+        nearest = difflib.get_close_matches(word.lower(), self.names(), n=1, cutoff=0.5)
+        hint = f"; did you mean {nearest[0]}?" if nearest else ""
+        return CommandFailed(f"unknown command {word}{hint}", "/help lists the commands")
+
+    def completions(self, text: str) -> tuple[str, list[str]]:
+        """The word being typed at the end of `text` and what it may become."""
+        text = text.lstrip()
+        if " " not in text:
+            if not text.startswith(PREFIX):
+                return text, []
+            return text, [name for name in self.names() if name.startswith(text.lower())]
+        head, _, tail = text.partition(" ")
+        *tokens, word = tail.split(" ")
+        command = self.lookup(head)
+        if command is None:
+            return word, []
+        return word, command.completions([token for token in tokens if token], word)
+
+
+REGISTRY = CommandRegistry()
+
+
+# -- the commands ----------------------------------------------------------
+
+
+def _set(session: ChatSession, **changes: Any) -> SettingsChanged:
+    return SettingsChanged(tuple(session.update(**changes)), session.settings)
+
+
+def _setting_command(
+    name: str, setting: str, metavar: str, help: str, aliases: tuple[str, ...] = ()
+) -> None:
+    """Declare a command that sets one numeric setting (or shows it, given no value)."""
+    kind = Settings.bound(setting).kind
+
+    def handler(session: ChatSession, values: Mapping[str, Any]) -> CommandResult:
+        if setting not in values:
+            return ShowSettings(session.settings, (setting,))
+        return _set(session, **values)
+
+    argument = Argument(setting, kind, Settings.help(setting), setting=setting, metavar=metavar)
+    REGISTRY.add(Command(name, aliases, (argument,), help, handler))
+
+
+def _toggle_command(name: str, setting: str, help: str, aliases: tuple[str, ...] = ()) -> None:
+    """Declare an on/off command: bare flips, `on`/`off` sets."""
+
+    def handler(session: ChatSession, values: Mapping[str, Any]) -> CommandResult:
+        value = values.get(setting, not getattr(session.settings, setting))
+        return _set(session, **{setting: value})
+
+    argument = Argument(setting, bool, "on or off (default: flip)", setting=setting)
+    REGISTRY.add(Command(name, aliases, (argument,), help, handler))
+
+
+_setting_command("gamma", "gamma", "N", "number of draft tokens per speculative step")
+_setting_command("length", "max_new_tokens", "N", "most new tokens per answer", ("max",))
+_setting_command("seed", "seed", "N", "seed of the sampling generator (same for every run)")
+
+_toggle_command("speculative", "speculative", "run speculative decoding", ("spec",))
+_toggle_command("target_gen", "target_gen", "run the target alone, for comparison", ("target",))
+_toggle_command("drafter_gen", "drafter_gen", "run the drafter alone, for reference", ("drafter",))
+_toggle_command("cache", "use_cache", "use the KV cache in both models")
+_toggle_command("debug", "debug", "show every speculative step and the acceptance histogram")
+_toggle_command("chat", "chat", "chat template with history (off: raw text continuation)")
+
+
+def _processor_names() -> tuple[str, ...]:
+    return tuple(PROCESSORS)
+
+
+def _takes(parameter: str) -> tuple[str, tuple[str, ...]]:
+    return ("name", tuple(n for n, ps in PROCESSOR_PARAMETERS.items() if parameter in ps))
+
+
+@REGISTRY.command(
+    "processor",
+    aliases=("proc",),
+    help="how tokens are chosen; missing parameters keep their current values",
+    arguments=(
+        Argument("name", str, "the processor", setting="processor", choices=_processor_names()),
+        Argument(
+            "temperature", float, "sampling temperature", "temperature", when=_takes("temperature")
+        ),
+        Argument("top_k", int, "tokens kept by top-k", "top_k", when=_takes("top_k")),
+        Argument("top_p", float, "probability mass kept", "top_p", when=_takes("top_p")),
+    ),
+    current=lambda session: {"name": session.settings.processor},
+)
+def _processor(session: ChatSession, values: Mapping[str, Any]) -> CommandResult:
+    if not values:
+        return ShowSettings(session.settings, SAMPLING_SETTINGS)
+    changes = {"processor" if key == "name" else key: value for key, value in values.items()}
+    return _set(session, **changes)
+
+
+@REGISTRY.command(
+    "system",
+    help="the system prompt in chat mode (`none`: the template's own)",
+    arguments=(Argument("text", str, "the system prompt", setting="system_prompt", rest=True),),
+)
+def _system(session: ChatSession, values: Mapping[str, Any]) -> CommandResult:
+    if "text" not in values:
+        return ShowSettings(session.settings, ("system_prompt",))
+    return _set(session, system_prompt=values["text"])
+
+
+@REGISTRY.command("reset", help="clear the chat history")
+def _reset(session: ChatSession, values: Mapping[str, Any]) -> CommandResult:
+    return HistoryCleared(session.reset())
+
+
+@REGISTRY.command("clear", help="clear the screen")
+def _clear(session: ChatSession, values: Mapping[str, Any]) -> CommandResult:
+    return ClearScreen()
+
+
+@REGISTRY.command("config", aliases=("settings",), help="show every setting")
+def _config(session: ChatSession, values: Mapping[str, Any]) -> CommandResult:
+    return ShowSettings(session.settings, tuple(Settings.names()))
+
+
+@REGISTRY.command("models", help="show the loaded target and drafter")
+def _models(session: ChatSession, values: Mapping[str, Any]) -> CommandResult:
+    return ShowModels(session.pair)
+
+
+def _command_names() -> tuple[str, ...]:
+    return tuple(name.removeprefix(PREFIX) for name in REGISTRY.names())
+
+
+@REGISTRY.command(
+    "help",
+    aliases=("?",),
+    help="list the commands, or explain one",
+    arguments=(Argument("command", str, "a command name", choices_of=_command_names),),
+)
+def _help(session: ChatSession, values: Mapping[str, Any]) -> CommandResult:
+    if "command" not in values:
+        return ShowHelp(REGISTRY.commands)
+    topic = REGISTRY.lookup(values["command"])
+    if topic is None:
+        return REGISTRY.unknown(values["command"])
+    return ShowHelp(REGISTRY.commands, topic)
+
+
+@REGISTRY.command("quit", aliases=("exit", "q"), help="leave specrepl (Ctrl-D does too)")
+def _quit(session: ChatSession, values: Mapping[str, Any]) -> CommandResult:
+    return Quit()

@@ -1,0 +1,517 @@
+"""Everything specrepl shows on the terminal, drawn with rich.
+
+This is the only module that prints. It draws the loaded models, the result of
+each command, the streamed answer of each generator (a panel per generator,
+updated as steps arrive; in debug mode the accepted, rejected and corrected
+tokens of every speculative step), the summary table with the speedup, and the
+per-position acceptance histogram. `settings_line` gives the one-line summary
+that the REPL puts in its bottom toolbar.
+
+It reads results and events; it never changes settings, never calls a model,
+and knows nothing about how lines are read (prompt_toolkit lives in repl.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+import time
+from collections.abc import Callable, Iterator
+from functools import singledispatchmethod
+from typing import IO, TYPE_CHECKING, Any
+
+from rich import box
+from rich.console import Console, Group, RenderableType
+from rich.live import Live
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+from .commands import (
+    SAMPLING_SETTINGS,
+    ClearScreen,
+    CommandFailed,
+    HistoryCleared,
+    Quit,
+    SettingsChanged,
+    ShowHelp,
+    ShowModels,
+    ShowSettings,
+)
+from .session import GENERATORS, Answer, Run, RunFinished, RunStarted, RunStep, SessionEvent
+from .settings import Settings
+
+if TYPE_CHECKING:
+    from .models import LoadedModel, ModelPair
+
+__all__ = ["AnswerView", "Renderer", "format_value", "settings_line"]
+
+DASH = "—"
+GENERATOR_STYLE = {"speculative": "green", "target": "blue", "drafter": "magenta"}
+GENERATOR_TITLE = {
+    "speculative": "speculative",
+    "target": "target only",
+    "drafter": "drafter only",
+}
+ACCEPTED_STYLE = "green"
+REJECTED_STYLE = "red strike"
+TARGET_STYLE = "bold blue"
+REFRESH_SECONDS = 1 / 15
+SUMMARY_COLUMNS = ("tokens", "secs", "tok/s", "TTFT", "accept", "tok/step", "speedup")
+SUMMARY_LEGEND = (
+    "In the summary after each answer: tokens are new tokens; TTFT is the time to the first "
+    "token; accept is accepted drafts / drafted tokens; tok/step is tokens per target "
+    "forward pass; speedup is tokens/s over the target-only run."
+)
+BAR_WIDTH = 30
+
+
+def format_value(value: Any) -> str:
+    """A setting's value as the user types it."""
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if value is None:
+        return "none"
+    return str(value)
+
+
+def settings_line(settings: Settings) -> str:
+    """The live settings in one line (the REPL's bottom toolbar)."""
+    runs = " ".join(
+        f"{name}{'✓' if getattr(settings, setting) else '✗'}"
+        for name, setting in GENERATORS.items()
+    )
+    return (
+        f" γ={settings.gamma} │ {settings.logits_processor().describe()} │ {runs} │ "
+        f"cache {format_value(settings.use_cache)} │ chat {format_value(settings.chat)} │ "
+        f"debug {format_value(settings.debug)} │ max {settings.max_new_tokens} │ "
+        f"seed {settings.seed}"
+    )
+
+
+def _number(value: float | None, spec: str, suffix: str = "") -> str:
+    return DASH if value is None else f"{value:{spec}}{suffix}"
+
+
+def _count(value: int) -> str:
+    for unit, size in (("B", 1e9), ("M", 1e6), ("k", 1e3)):
+        if value >= size:
+            return f"{value / size:.1f}{unit}"
+    return str(value)
+
+
+def _bytes(value: int) -> str:
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if value >= size:
+            return f"{value / size:.1f} {unit}"
+    return f"{value} B"
+
+
+def _table(title: str | None = None) -> Table:
+    return Table(
+        title=title,
+        title_justify="left",
+        title_style="bold",
+        box=box.SIMPLE_HEAD,
+        show_edge=False,
+        pad_edge=False,
+        padding=(0, 1, 0, 0),
+    )
+
+
+def _speedup(value: float | None) -> Text:
+    if value is None:
+        return Text(DASH, style="dim")
+    style = "bold green" if value > 1 else "bold red" if value < 1 else ""
+    return Text(f"{value:.2f}×", style=style)
+
+
+class AnswerView:
+    """Streams one answer: a live panel per generator, filled step by step.
+
+    Call it with each `SessionEvent`; use it as a context manager so that a
+    panel still open when an exception passes is closed.
+    """
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+        self.live: Live | None = None
+        self.body = Text()
+        self.title = ""
+        self.style = ""
+        self.debug = False
+        self.last_refresh = 0.0
+
+    def __enter__(self) -> AnswerView:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self.live is not None:
+            self.live.stop()
+            self.live = None
+
+    def __call__(self, event: SessionEvent) -> None:
+        if isinstance(event, RunStarted):
+            self.start(event)
+        elif isinstance(event, RunStep):
+            self.step(event)
+        elif isinstance(event, RunFinished):
+            self.finish(event.run)
+
+    def panel(self, subtitle: str | Text | None = None) -> Panel:
+        return Panel(
+            self.body,
+            title=self.title,
+            title_align="left",
+            subtitle=subtitle,
+            subtitle_align="right",
+            border_style=self.style,
+        )
+
+    def start(self, event: RunStarted) -> None:
+        self.close()
+        settings = event.settings
+        details = [GENERATOR_TITLE[event.generator]]
+        if event.generator == "speculative":
+            details.append(f"γ={settings.gamma}")
+        details.append(settings.logits_processor().describe())
+        self.title = f"[bold]{details[0]}[/bold] · " + " · ".join(details[1:])
+        self.style = GENERATOR_STYLE[event.generator]
+        self.debug = settings.debug and event.generator == "speculative"
+        self.body = Text()
+        if not self.console.is_terminal:
+            return  # a file or a pipe gets each panel once, when its run ends
+        self.live = Live(
+            self.panel(Text(f"{event.prompt_tokens} prompt tokens", style="dim")),
+            console=self.console,
+            auto_refresh=False,
+            vertical_overflow="visible",
+        )
+        self.live.start()
+        self.last_refresh = time.monotonic()
+
+    def step(self, event: RunStep) -> None:
+        pieces = event.pieces
+        if self.debug and pieces is not None:
+            for piece in pieces.accepted:
+                self.body.append(piece, style=ACCEPTED_STYLE)
+            if pieces.rejected is not None:
+                self.body.append(pieces.rejected, style=REJECTED_STYLE)
+            if pieces.target is not None:
+                self.body.append(pieces.target, style=TARGET_STYLE)
+        else:
+            self.body.append(event.text)
+        now = time.monotonic()
+        if self.live is not None and now - self.last_refresh >= REFRESH_SECONDS:
+            self.live.update(self.panel(), refresh=True)
+            self.last_refresh = now
+
+    def finish(self, run: Run) -> None:
+        result = run.result
+        if not self.debug:
+            self.body = Text(run.text)
+        subtitle = Text(
+            f"{result.new_tokens} tokens · {_number(result.tokens_per_second, '.1f')} tok/s",
+            style="dim",
+        )
+        if run.interrupted:
+            subtitle = Text.assemble(("interrupted", "bold yellow"), " · ", subtitle)
+        if self.live is not None:
+            self.live.update(self.panel(subtitle), refresh=True)
+            self.close()
+        else:
+            self.console.print(self.panel(subtitle))
+
+
+class Renderer:
+    """Draws everything on `console`; start-up progress goes to `status_console`."""
+
+    def __init__(
+        self,
+        console: Console | None = None,
+        *,
+        status_console: Console | None = None,
+        json_stream: IO[str] | None = None,
+    ) -> None:
+        self.console = console or Console(highlight=False)
+        self.status_console = status_console or self.console
+        self.json_stream = json_stream
+
+    # -- start-up ----------------------------------------------------------
+
+    @contextlib.contextmanager
+    def loading(self, what: str) -> Iterator[Callable[[str], None]]:
+        """A spinner (or, off a terminal, one line per message) while models load."""
+        console = self.status_console
+        if console.is_terminal:
+            with console.status(what) as status:
+                yield lambda message: status.update(Text(f"{what}: {message}"))
+        else:
+            console.print(what, style="dim")
+            yield lambda message: console.print(Text(f"  {message}", style="dim"))
+
+    def loaded(self, pair: ModelPair) -> None:
+        self.console.print(self._models_table(pair))
+
+    def welcome(self, interactive: bool) -> None:
+        keys = " Ctrl-C stops a generation, Ctrl-D quits." if interactive else ""
+        self.console.print(
+            f"Type a prompt to compare the generators, [bold]/help[/bold] for commands.{keys}",
+            style="dim",
+        )
+
+    def echo(self, prompt: str, line: str) -> None:
+        """Show a line read from a pipe, as if it had been typed."""
+        self.console.print(Text(prompt, style="bold") + Text(line))
+
+    def goodbye(self) -> None:
+        self.console.print("Goodbye.", style="dim")
+
+    def error(self, message: str, hint: str | None = None) -> None:
+        self.console.print(Text("✗ ", style="bold red") + Text(message), soft_wrap=True)
+        if hint:
+            self.console.print(Text(f"  {hint}", style="dim"))
+
+    def fatal(self, message: str) -> None:
+        """An error that ends the program (shown with the start-up messages, on stderr)."""
+        self.status_console.print(Text("✗ ", style="bold red") + Text(message), soft_wrap=True)
+
+    def interrupted(self) -> None:
+        self.console.print("Interrupted; the session is unchanged.", style="yellow")
+
+    def json(self, payload: object) -> None:
+        """One JSON document on its own line, for scripts (no markup, no wrapping)."""
+        stream = self.json_stream or sys.stdout
+        stream.write(json.dumps(payload) + "\n")
+        stream.flush()
+
+    # -- command results ---------------------------------------------------
+
+    @singledispatchmethod
+    def show(self, result: object) -> None:
+        raise TypeError(f"no view for {type(result).__name__}")
+
+    @show.register
+    def _(self, result: SettingsChanged) -> None:
+        for change in result.changes:
+            line = Text(f"{change.name}: ", style="bold")
+            if change.old == change.new:
+                line.append(f"{format_value(change.new)} (unchanged)")
+            else:
+                line.append(format_value(change.old), style="dim")
+                line.append(" → ")
+                line.append(format_value(change.new), style="cyan")
+            self.console.print(line)
+        if any(change.name in SAMPLING_SETTINGS for change in result.changes):
+            described = result.settings.logits_processor().describe()
+            self.console.print(Text("sampling: ", style="bold") + Text(described, style="cyan"))
+
+    @show.register
+    def _(self, result: ShowSettings) -> None:
+        settings = result.settings
+        if len(result.names) == 1:
+            name = result.names[0]
+            self.console.print(
+                Text(f"{name}: ", style="bold")
+                + Text(format_value(getattr(settings, name)), style="cyan")
+                + Text(f"  ({Settings.bound(name).describe()})", style="dim")
+            )
+            return
+        table = _table("settings")
+        table.add_column("setting", style="bold")
+        table.add_column("value", style="cyan")
+        table.add_column("valid values", style="dim")
+        table.add_column("what it does")
+        for name in result.names:
+            table.add_row(
+                name,
+                Text(format_value(getattr(settings, name))),
+                Text(Settings.bound(name).describe()),
+                Text(Settings.help(name)),
+            )
+        self.console.print(table)
+
+    @show.register
+    def _(self, result: ShowModels) -> None:
+        self.console.print(self._models_table(result.pair))
+
+    @show.register
+    def _(self, result: ShowHelp) -> None:
+        if result.topic is not None:
+            command = result.topic
+            self.console.print(Text(command.usage(), style="bold") + Text(f"  {command.help}"))
+            if command.aliases:
+                aliases = ", ".join("/" + alias for alias in command.aliases)
+                self.console.print(Text(f"  aliases: {aliases}", style="dim"))
+            for argument in command.arguments:
+                self.console.print(Text(f"  {argument.name}: {argument.help}; {argument.valid()}"))
+            return
+        table = _table("commands")
+        table.add_column("command", style="bold", no_wrap=True)
+        table.add_column("aliases", style="dim")
+        table.add_column("what it does")
+        for command in result.commands:
+            bounds = [
+                f"{argument.form()}: {argument.valid()}"
+                for argument in command.arguments
+                if argument.kind in (int, float)
+            ]
+            what = command.help + (f" ({'; '.join(bounds)})" if len(bounds) == 1 else "")
+            table.add_row(
+                Text(command.usage()),
+                " ".join("/" + alias for alias in command.aliases),
+                Text(what),
+            )
+        self.console.print(table)
+        self.console.print(
+            "Anything else is a prompt (start it with // to send a leading /). "
+            "/help NAME explains one command.",
+            style="dim",
+        )
+        self.console.print(SUMMARY_LEGEND, style="dim")
+
+    @show.register
+    def _(self, result: HistoryCleared) -> None:
+        self.console.print(f"Chat history cleared ({result.turns} messages).")
+
+    @show.register
+    def _(self, result: ClearScreen) -> None:
+        self.console.clear()
+
+    @show.register
+    def _(self, result: Quit) -> None:
+        pass
+
+    @show.register
+    def _(self, result: CommandFailed) -> None:
+        self.error(result.message, f"usage: {result.usage}" if result.usage else None)
+
+    # -- answers -----------------------------------------------------------
+
+    def stream(self) -> AnswerView:
+        """The event callback that draws an answer while it is generated."""
+        return AnswerView(self.console)
+
+    def answer(self, answer: Answer) -> None:
+        """After the runs: refusal or notices, the summary table, the debug histogram."""
+        for notice in answer.notices:
+            self.console.print(Text(f"note: {notice}", style="yellow"))
+        if answer.refusal is not None:
+            self.console.print(Text(answer.refusal, style="yellow"))
+            return
+        if answer.runs:
+            self.console.print(self._summary(answer))
+        if answer.interrupted:
+            self.console.print(
+                "Interrupted: the partial answer is not added to the chat history.",
+                style="yellow",
+            )
+        speculative = answer.runs.get("speculative")
+        if answer.settings.debug and speculative is not None and speculative.result.steps:
+            self.console.print(self._histograms(speculative))
+
+    def _summary(self, answer: Answer) -> Table:
+        table = _table()
+        table.add_column("generator", no_wrap=True)
+        for heading in SUMMARY_COLUMNS:
+            table.add_column(heading, justify="right", no_wrap=True)
+        table.add_column("stop", no_wrap=True)
+        has_baseline = "target" in answer.runs and len(answer.runs) > 1
+        for name, run in answer.runs.items():
+            result = run.result
+            ttft = result.time_to_first_token
+            label = Text(name, style=GENERATOR_STYLE[name])
+            if name == "target":
+                speedup = Text("baseline" if has_baseline else DASH, style="dim")
+            else:
+                speedup = _speedup(answer.speedup_of(name))
+            table.add_row(
+                label,
+                str(result.new_tokens),
+                _number(result.seconds if result.steps else None, ".2f"),
+                _number(result.tokens_per_second, ".1f"),
+                _number(None if ttft is None else ttft * 1000, ".0f", " ms"),
+                _number(result.acceptance_rate, ".0%"),
+                _number(result.mean_accepted_length, ".2f"),
+                speedup,
+                Text(result.stop_reason, style="yellow" if run.interrupted else "dim"),
+            )
+        return table
+
+    def _histograms(self, run: Run) -> RenderableType:
+        positions = _table("acceptance by draft position")
+        positions.add_column("position", justify="right")
+        positions.add_column("accepted", justify="right")
+        positions.add_column("rate", justify="right")
+        positions.add_column("", no_wrap=True)
+        accepted = run.result.accepted_per_position
+        for index, (count, rate) in enumerate(
+            zip(accepted, run.acceptance_per_position, strict=False), start=1
+        ):
+            drafted = run.drafted_per_position[index - 1]
+            bar = "█" * round((rate or 0.0) * BAR_WIDTH)
+            positions.add_row(
+                str(index), f"{count}/{drafted}", _number(rate, ".0%"), Text(bar, style="green")
+            )
+        lengths = _table("drafts accepted per step")
+        lengths.add_column("accepted", justify="right")
+        lengths.add_column("steps", justify="right")
+        lengths.add_column("", no_wrap=True)
+        histogram = run.result.accepted_length_histogram
+        most = max(histogram, default=0) or 1
+        for length, steps in enumerate(histogram):
+            bar = "█" * round(steps / most * BAR_WIDTH)
+            lengths.add_row(str(length), str(steps), Text(bar, style="cyan"))
+        legend = Text.assemble(
+            "debug: ",
+            ("accepted draft", ACCEPTED_STYLE),
+            "  ",
+            ("rejected draft", REJECTED_STYLE),
+            "  ",
+            ("target's token (correction or bonus)", TARGET_STYLE),
+            style="dim",
+        )
+        return Group(legend, positions, lengths)
+
+    # -- models ------------------------------------------------------------
+
+    def _models_table(self, pair: ModelPair) -> RenderableType:
+        table = _table()
+        table.add_column("", style="bold")
+        table.add_column("model")
+        table.add_column("dtype")
+        table.add_column("quant.")
+        table.add_column("params", justify="right")
+        table.add_column("memory", justify="right")
+        table.add_column("loaded in", justify="right")
+        roles: list[tuple[str, LoadedModel | None]] = [
+            ("target", pair.target),
+            ("drafter", pair.drafter),
+        ]
+        for role, model in roles:
+            if model is None:
+                table.add_row(role, Text("none (speculative decoding is off)", style="dim"))
+                continue
+            cached = " (cache)" if model.from_cache else ""
+            name = Text(model.name)
+            if model.kind != model.name:
+                name.append(f" ({model.kind})", style="dim")
+            table.add_row(
+                role,
+                name,
+                str(model.dtype).removeprefix("torch."),
+                model.quantization or DASH,
+                _count(model.parameters),
+                _bytes(model.memory_bytes),
+                f"{model.load_seconds:.1f} s{cached}",
+            )
+        footer = Text(
+            f"device {pair.device} · vocabulary {pair.vocab_size} · "
+            f"context {pair.context_length} · end tokens {pair.eos_token_ids}",
+            style="dim",
+        )
+        return Group(table, footer)

@@ -1,0 +1,238 @@
+"""The read-eval-print loop: read a line, run a command or answer a prompt, draw it.
+
+Thin on purpose: lines come from a `LineReader` (prompt_toolkit on a terminal,
+plain lines from a pipe), commands go to the registry, prompts to the
+`ChatSession`, and everything that is shown goes through the `Renderer`.
+Ctrl-C at the prompt clears the line, Ctrl-C while generating returns to the
+prompt with the session intact, Ctrl-D or `/quit` ends the loop; any other
+error is shown and the loop goes on.
+
+This module does not print, does not parse command arguments and knows
+nothing about models or how tokens are generated.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import sys
+from collections.abc import Iterator
+from contextlib import AbstractContextManager
+from pathlib import Path
+from typing import Protocol, TextIO
+
+from prompt_toolkit import PromptSession
+from prompt_toolkit.auto_suggest import AutoSuggestFromHistory
+from prompt_toolkit.completion import CompleteEvent, Completer, Completion
+from prompt_toolkit.document import Document
+from prompt_toolkit.history import FileHistory, History, InMemoryHistory
+from prompt_toolkit.input import Input
+from prompt_toolkit.output import Output
+
+from .commands import REGISTRY, CommandRegistry, Quit
+from .render import Renderer, settings_line
+from .session import ChatSession
+
+__all__ = [
+    "PROMPT",
+    "LineReader",
+    "PipeReader",
+    "RegistryCompleter",
+    "TerminalReader",
+    "default_history_path",
+    "handle_line",
+    "make_reader",
+    "run",
+]
+
+PROMPT = "› "
+
+
+class LineReader(Protocol):
+    """Where lines come from. `read` raises EOFError at the end and
+    KeyboardInterrupt when Ctrl-C is pressed at the prompt; `busy` wraps the
+    time spent answering."""
+
+    interactive: bool
+
+    def read(self) -> str: ...
+
+    def busy(self) -> AbstractContextManager[None]: ...
+
+
+@contextlib.contextmanager
+def _no_echo(stream: TextIO) -> Iterator[None]:
+    """Stop the terminal from echoing keys (and `^C`) while output is being redrawn.
+
+    An echoed `^C` or typed-ahead text moves the cursor under rich's live
+    panel, which then redraws one line off. Keys typed meanwhile are still
+    read by the next prompt. Does nothing when `stream` is not a terminal.
+    """
+    try:
+        import termios
+    except ImportError:  # not a POSIX terminal
+        yield
+        return
+    try:
+        fd = stream.fileno()
+        saved = termios.tcgetattr(fd)
+    except (termios.error, OSError, ValueError, io.UnsupportedOperation):
+        yield
+        return
+    quiet = list(saved)
+    quiet[3] &= ~(termios.ECHO | termios.ECHOCTL)
+    termios.tcsetattr(fd, termios.TCSANOW, quiet)
+    try:
+        yield
+    finally:
+        termios.tcsetattr(fd, termios.TCSANOW, saved)
+
+
+class RegistryCompleter(Completer):
+    """Completes command names and their fixed arguments, from the registry."""
+
+    def __init__(self, registry: CommandRegistry) -> None:
+        self.registry = registry
+
+    def get_completions(
+        self, document: Document, complete_event: CompleteEvent
+    ) -> Iterator[Completion]:
+        word, options = self.registry.completions(document.text_before_cursor)
+        for option in options:
+            yield Completion(option, start_position=-len(word))
+
+
+def default_history_path() -> Path:
+    """`$SPECREPL_HISTORY`, else `$XDG_STATE_HOME/specrepl/history`, else
+    `~/.local/state/specrepl/history`."""
+    explicit = os.environ.get("SPECREPL_HISTORY")
+    if explicit:
+        return Path(explicit).expanduser()
+    state = os.environ.get("XDG_STATE_HOME")
+    base = Path(state).expanduser() if state else Path.home() / ".local" / "state"
+    return base / "specrepl" / "history"
+
+
+def _history(path: Path | None) -> History:
+    """A history file readable by its owner only; in memory if it cannot be made."""
+    if path is None:
+        return InMemoryHistory()
+    try:
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        path.touch(mode=0o600, exist_ok=True)
+    except OSError:
+        return InMemoryHistory()
+    return FileHistory(str(path))
+
+
+class TerminalReader:
+    """prompt_toolkit input: history, auto-suggest, completion, a settings toolbar."""
+
+    interactive = True
+
+    def __init__(
+        self,
+        session: ChatSession,
+        registry: CommandRegistry = REGISTRY,
+        *,
+        history_path: Path | None = None,
+        input: Input | None = None,
+        output: Output | None = None,
+        stdin: TextIO | None = None,
+    ) -> None:
+        self.stdin = stdin or sys.stdin
+        self.prompt_session: PromptSession[str] = PromptSession(
+            history=_history(history_path),
+            auto_suggest=AutoSuggestFromHistory(),
+            completer=RegistryCompleter(registry),
+            complete_while_typing=True,
+            bottom_toolbar=lambda: settings_line(session.settings),
+            input=input,
+            output=output,
+        )
+
+    def read(self) -> str:
+        return self.prompt_session.prompt(PROMPT)
+
+    def busy(self) -> AbstractContextManager[None]:
+        return _no_echo(self.stdin)
+
+
+class PipeReader:
+    """Plain lines from a stream that is not a terminal, echoed so the output reads
+    like a transcript."""
+
+    interactive = False
+
+    def __init__(self, stream: TextIO, renderer: Renderer) -> None:
+        self.stream = stream
+        self.renderer = renderer
+
+    def busy(self) -> AbstractContextManager[None]:
+        return contextlib.nullcontext()
+
+    def read(self) -> str:
+        line = self.stream.readline()
+        if not line:
+            raise EOFError
+        line = line.rstrip("\r\n")
+        self.renderer.echo(PROMPT, line)
+        return line
+
+
+def make_reader(
+    session: ChatSession,
+    renderer: Renderer,
+    registry: CommandRegistry = REGISTRY,
+    *,
+    stdin: TextIO | None = None,
+) -> LineReader:
+    """prompt_toolkit on a terminal, plain lines otherwise."""
+    stdin = stdin or sys.stdin
+    if stdin.isatty():
+        return TerminalReader(session, registry, history_path=default_history_path(), stdin=stdin)
+    return PipeReader(stdin, renderer)
+
+
+def handle_line(
+    line: str, session: ChatSession, renderer: Renderer, registry: CommandRegistry = REGISTRY
+) -> bool:
+    """Run one command or answer one prompt; False when the session should end."""
+    if registry.is_command(line):
+        result = registry.dispatch(session, line)
+        renderer.show(result)
+        return not isinstance(result, Quit)
+    prompt = line.lstrip()[1:] if line.lstrip().startswith("//") else line
+    with renderer.stream() as on_event:
+        answer = session.answer(prompt, on_event)
+    renderer.answer(answer)
+    return True
+
+
+def run(
+    session: ChatSession,
+    renderer: Renderer,
+    reader: LineReader,
+    registry: CommandRegistry = REGISTRY,
+) -> int:
+    """The loop; returns the exit status (0)."""
+    renderer.welcome(reader.interactive)
+    while True:
+        try:
+            line = reader.read()
+        except KeyboardInterrupt:
+            continue
+        except EOFError:
+            break
+        try:
+            with reader.busy():
+                going_on = handle_line(line, session, renderer, registry)
+            if not going_on:
+                break
+        except KeyboardInterrupt:
+            renderer.interrupted()
+        except Exception as error:  # the loop outlives any one failure
+            renderer.error(f"{type(error).__name__}: {error}")
+    renderer.goodbye()
+    return 0

@@ -1,0 +1,425 @@
+"""A chat session: the loaded pair, the settings, the history, and one answer at a time.
+
+`ChatSession.answer(prompt, on_event)` builds the prompt's token ids (the
+tokenizer's chat template over the system prompt and the real multi-turn
+history, or the raw text when chat is off), runs every enabled generator in
+turn (speculative, then the target alone, then the drafter alone) with the
+same seed, and returns an `Answer` with one `Run` per generator and the
+speedup. While it runs it reports `RunStarted`, `RunStep` and `RunFinished`
+events so that a front end can stream the output.
+
+This module is the glue between the engine and the REPL: it never prints,
+never reads input and knows nothing about the terminal, rich or
+prompt_toolkit. Settings are only changed through `Settings.updated`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any, Literal, Union
+
+import torch
+
+from .generation import (
+    ContextTooLongError,
+    GenerationInterrupted,
+    autoregressive_generate,
+    speculative_generate,
+)
+from .results import GenerationResult, StepEvent
+from .settings import SettingError, Settings
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from .models import ModelPair
+
+__all__ = [
+    "GENERATORS",
+    "Answer",
+    "Change",
+    "ChatSession",
+    "GeneratorName",
+    "Message",
+    "Run",
+    "RunFinished",
+    "RunStarted",
+    "RunStep",
+    "SessionEvent",
+    "StepPieces",
+]
+
+GeneratorName = Literal["speculative", "target", "drafter"]
+PromptMode = Literal["chat", "raw"]
+Message = dict[str, str]
+
+#: The generators in the order they run, each with the setting that switches it on.
+GENERATORS: dict[GeneratorName, str] = {
+    "speculative": "speculative",
+    "target": "target_gen",
+    "drafter": "drafter_gen",
+}
+_NEEDS_DRAFTER = ("speculative", "drafter_gen")
+
+
+@dataclass(frozen=True)
+class Change:
+    """One setting that a command changed."""
+
+    name: str
+    old: Any
+    new: Any
+
+
+@dataclass(frozen=True)
+class StepPieces:
+    """The tokens of one speculative step, decoded one by one (for the debug view).
+
+    `accepted` are the drafts the target kept, `rejected` the first draft it
+    refused, and `target` the token the target chose itself: the correction at
+    the rejected position, or the bonus token when every draft was accepted.
+    """
+
+    accepted: tuple[str, ...]
+    rejected: str | None
+    target: str | None
+
+
+@dataclass(frozen=True)
+class RunStarted:
+    """A generator is about to run."""
+
+    generator: GeneratorName
+    prompt_tokens: int
+    settings: Settings
+
+
+@dataclass(frozen=True)
+class RunStep:
+    """One decoding step of a running generator."""
+
+    generator: GeneratorName
+    step: StepEvent
+    text: str
+    """What the visible (special-token free) answer grew by in this step."""
+    pieces: StepPieces | None
+    """The step's tokens one by one; only filled when `Settings.debug` is on."""
+
+
+@dataclass
+class Run:
+    """One generator's finished (or interrupted) run."""
+
+    generator: GeneratorName
+    result: GenerationResult
+    text: str
+    drafted_per_position: list[int] = field(default_factory=list)
+    """How many steps drafted a token at each position (the denominators of
+    `result.accepted_per_position`)."""
+
+    @property
+    def interrupted(self) -> bool:
+        return self.result.stop_reason == "interrupted"
+
+    @property
+    def acceptance_per_position(self) -> list[float | None]:
+        return [
+            accepted / drafted if drafted else None
+            for accepted, drafted in zip(
+                self.result.accepted_per_position, self.drafted_per_position, strict=False
+            )
+        ]
+
+    def to_dict(self) -> dict[str, object]:
+        figures = self.result.to_dict()
+        figures["text"] = self.text
+        figures["generator"] = self.generator
+        figures["interrupted"] = self.interrupted
+        return figures
+
+
+@dataclass(frozen=True)
+class RunFinished:
+    """A generator has finished, or was interrupted (see `run.interrupted`)."""
+
+    generator: GeneratorName
+    run: Run
+
+
+SessionEvent = Union[RunStarted, RunStep, RunFinished]  # noqa: UP007 - a runtime alias
+EventCallback = Callable[[SessionEvent], None]
+
+
+@dataclass
+class Answer:
+    """Everything one prompt produced: a run per enabled generator, or a refusal."""
+
+    prompt: str
+    mode: PromptMode
+    settings: Settings
+    prompt_tokens: int = 0
+    runs: dict[GeneratorName, Run] = field(default_factory=dict)
+    refusal: str | None = None
+    notices: list[str] = field(default_factory=list)
+
+    @property
+    def interrupted(self) -> bool:
+        return any(run.interrupted for run in self.runs.values())
+
+    @property
+    def reply(self) -> Run | None:
+        """The run whose text answers the prompt (speculative, else target, else drafter)."""
+        return next(iter(self.runs.values()), None)
+
+    def speedup_of(self, generator: GeneratorName) -> float | None:
+        """`generator`'s tokens/s over the target-only run's; None unless both completed."""
+        run, baseline = self.runs.get(generator), self.runs.get("target")
+        if run is None or baseline is None or run.interrupted or baseline.interrupted:
+            return None
+        fast, slow = run.result.tokens_per_second, baseline.result.tokens_per_second
+        if fast is None or not slow:
+            return None
+        return fast / slow
+
+    @property
+    def speedup(self) -> float | None:
+        """Speculative tokens/s over target tokens/s (None when either did not complete)."""
+        return self.speedup_of("speculative")
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "prompt": self.prompt,
+            "mode": self.mode,
+            "settings": self.settings.as_dict(),
+            "prompt_tokens": self.prompt_tokens,
+            "refusal": self.refusal,
+            "interrupted": self.interrupted,
+            "runs": {name: run.to_dict() for name, run in self.runs.items()},
+            "speedup": self.speedup,
+        }
+
+
+class _TextStream:
+    """Turns a growing list of token ids into text deltas.
+
+    Decodes from a window start that moves past each completed line, holds
+    back text that ends in an incomplete character, and never re-emits text.
+    """
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase) -> None:
+        self.tokenizer = tokenizer
+        self.ids: list[int] = []
+        self.start = 0
+        self.emitted = 0
+
+    def push(self, ids: tuple[int, ...]) -> str:
+        self.ids.extend(ids)
+        window = self.tokenizer.decode(self.ids[self.start :], skip_special_tokens=True)
+        if window.endswith("\ufffd"):
+            return ""
+        delta = window[self.emitted :]
+        if window.endswith("\n"):
+            self.start, self.emitted = len(self.ids), 0
+        else:
+            self.emitted = len(window)
+        return delta
+
+
+class ChatSession:
+    """The state of one REPL session; commands change it, prompts are answered by it."""
+
+    def __init__(self, pair: ModelPair, settings: Settings | None = None) -> None:
+        self.pair = pair
+        self.history: list[Message] = []
+        settings = settings or Settings()
+        if pair.drafter is None:
+            settings = settings.updated(**{name: False for name in _NEEDS_DRAFTER})
+        self.settings = settings
+
+    # -- state -------------------------------------------------------------
+
+    @property
+    def tokenizer(self) -> PreTrainedTokenizerBase:
+        return self.pair.tokenizer
+
+    @property
+    def has_chat_template(self) -> bool:
+        return bool(getattr(self.tokenizer, "chat_template", None))
+
+    def update(self, **changes: Any) -> list[Change]:
+        """Apply validated setting changes; on error raise SettingError and change nothing."""
+        if self.pair.drafter is None:
+            for name in _NEEDS_DRAFTER:
+                if changes.get(name):
+                    raise SettingError(f"{name} needs a drafter model, and none is loaded")
+        updated = self.settings.updated(**changes)
+        old = self.settings
+        self.settings = updated
+        return [Change(name, getattr(old, name), getattr(updated, name)) for name in changes]
+
+    def reset(self) -> int:
+        """Forget the chat history; returns how many turns (user + assistant) it had."""
+        turns = len(self.history)
+        self.history = []
+        return turns
+
+    def enabled_generators(self) -> list[GeneratorName]:
+        return [name for name, setting in GENERATORS.items() if getattr(self.settings, setting)]
+
+    # -- prompts -----------------------------------------------------------
+
+    def prompt_mode(self) -> PromptMode:
+        return "chat" if self.settings.chat and self.has_chat_template else "raw"
+
+    def messages(self, prompt: str) -> list[Message]:
+        """The conversation the chat template is applied to, ending with `prompt`."""
+        system = self.settings.system_prompt
+        head: list[Message] = [{"role": "system", "content": system}] if system else []
+        return [*head, *self.history, {"role": "user", "content": prompt}]
+
+    def prompt_ids(self, prompt: str) -> list[int]:
+        """The token ids the generators continue."""
+        if self.prompt_mode() == "chat":
+            ids = self.tokenizer.apply_chat_template(
+                self.messages(prompt), add_generation_prompt=True, return_dict=False
+            )
+        else:
+            ids = self.tokenizer.encode(prompt)
+        return [int(token) for token in ids]
+
+    # -- answering ---------------------------------------------------------
+
+    def warm_up(self, prompt: str = "Hello") -> None:
+        """One short run of each model, so that one-time start-up costs (kernel
+        selection, allocator growth) do not land in the first answer's timings.
+        Changes neither the settings nor the history."""
+        settings = self.settings
+        ids = self.prompt_ids(prompt)
+        common: dict[str, Any] = {
+            "eos_tokens_id": self.pair.eos_token_ids,
+            "use_cache": settings.use_cache,
+            "vocab_size": self.pair.vocab_size,
+        }
+        autoregressive_generate(ids, self.pair.target.model, max_gen_len=2, **common)
+        if self.pair.drafter is not None:
+            drafter = self.pair.drafter.model
+            autoregressive_generate(ids, drafter, max_gen_len=2, **common)
+            speculative_generate(
+                ids,
+                drafter,
+                self.pair.target.model,
+                gamma=settings.gamma,
+                max_gen_len=settings.gamma + 2,
+                **common,
+            )
+
+    def answer(self, prompt: str, on_event: EventCallback | None = None) -> Answer:
+        """Run every enabled generator on `prompt`; never raises for a bad prompt.
+
+        Ctrl-C during a run stops it: the partial run is kept (marked
+        interrupted), the remaining generators are skipped and the history is
+        left as it was.
+        """
+        settings = self.settings
+        answer = Answer(prompt=prompt, mode=self.prompt_mode(), settings=settings)
+        if settings.chat and answer.mode == "raw":
+            answer.notices.append("the tokenizer has no chat template: raw continuation")
+        if not prompt.strip():
+            answer.refusal = "Nothing to answer: the prompt is empty."
+            return answer
+        generators = self.enabled_generators()
+        if not generators:
+            answer.refusal = (
+                "Every generator is off: turn one on with /speculative, /target or /drafter."
+            )
+            return answer
+        ids = self.prompt_ids(prompt)
+        answer.prompt_tokens = len(ids)
+        if not ids:
+            answer.refusal = "Nothing to answer: the prompt has no tokens."
+            return answer
+        for generator in generators:
+            try:
+                run = self._run(generator, ids, settings, on_event)
+            except ContextTooLongError as error:
+                answer.runs.clear()
+                hint = " Use /reset to clear the chat history." if self.history else ""
+                answer.refusal = f"The prompt is too long: {error}.{hint}"
+                return answer
+            answer.runs[generator] = run
+            if run.interrupted:
+                break
+        reply = answer.reply
+        if answer.mode == "chat" and reply is not None and not answer.interrupted:
+            self.history.extend(
+                [{"role": "user", "content": prompt}, {"role": "assistant", "content": reply.text}]
+            )
+        return answer
+
+    def _run(
+        self,
+        generator: GeneratorName,
+        ids: list[int],
+        settings: Settings,
+        on_event: EventCallback | None,
+    ) -> Run:
+        emit = on_event or (lambda event: None)
+        stream = _TextStream(self.tokenizer)
+        drafted_per_position: list[int] = []
+
+        def on_step(step: StepEvent) -> None:
+            for position in range(step.gamma):
+                if position == len(drafted_per_position):
+                    drafted_per_position.append(0)
+                drafted_per_position[position] += 1
+            pieces = self._pieces(step) if settings.debug else None
+            emit(RunStep(generator, step, stream.push(step.appended), pieces))
+
+        emit(RunStarted(generator, len(ids), settings))
+        common: dict[str, Any] = {
+            "logits_processor": settings.logits_processor(),
+            "max_gen_len": settings.max_new_tokens,
+            "eos_tokens_id": self.pair.eos_token_ids,
+            "use_cache": settings.use_cache,
+            "generator": torch.Generator(device=self.pair.device).manual_seed(settings.seed),
+            "vocab_size": self.pair.vocab_size,
+            "on_step": on_step,
+        }
+        try:
+            if generator == "speculative":
+                result = speculative_generate(
+                    ids,
+                    self._drafter_model(),
+                    self.pair.target.model,
+                    gamma=settings.gamma,
+                    **common,
+                )
+            else:
+                model = self.pair.target.model if generator == "target" else self._drafter_model()
+                result = autoregressive_generate(ids, model, **common)
+        except GenerationInterrupted as interrupted:
+            result = interrupted.result
+        text = self.tokenizer.decode(result.token_ids, skip_special_tokens=True)
+        run = Run(generator, replace(result, text=text), text, drafted_per_position)
+        emit(RunFinished(generator, run))
+        return run
+
+    def _drafter_model(self) -> Any:
+        if self.pair.drafter is None:
+            raise SettingError("no drafter model is loaded")
+        return self.pair.drafter.model
+
+    def _pieces(self, step: StepEvent) -> StepPieces:
+        def piece(token: int) -> str:
+            return self.tokenizer.decode([token], skip_special_tokens=False)
+
+        appended = step.appended
+        if len(appended) <= step.accepted:  # cut at an end token: the rest never counted
+            return StepPieces(tuple(piece(token) for token in appended), None, None)
+        rejected = step.rejected
+        return StepPieces(
+            accepted=tuple(piece(token) for token in appended[: step.accepted]),
+            rejected=None if rejected is None else piece(rejected),
+            target=piece(appended[step.accepted]),
+        )

@@ -1,0 +1,284 @@
+"""The command line: flags over the config, one-shot mode and its JSON, the piped REPL."""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from specrepl import cli
+from specrepl.settings import Settings
+from specrepl.testing import perturbed_copy, tiny_llama, tiny_tokenizer
+
+ROOT = Path(__file__).resolve().parent.parent
+RUN_FIELDS = {
+    "text",
+    "token_ids",
+    "new_tokens",
+    "seconds",
+    "tokens_per_second",
+    "time_to_first_token",
+    "drafted",
+    "accepted",
+    "acceptance_rate",
+    "mean_accepted_length",
+    "steps",
+}
+
+
+@pytest.fixture(scope="module")
+def config_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A config whose target and drafter are tiny models saved as local directories."""
+    root = tmp_path_factory.mktemp("tiny")
+    target = tiny_llama(32, seed=4)
+    target.save_pretrained(root / "target")
+    tiny_tokenizer(32).save_pretrained(root / "target")
+    perturbed_copy(target, 0.3, seed=2).save_pretrained(root / "drafter")
+    path = root / "tiny.toml"
+    path.write_text(
+        f'device = "cpu"\n'
+        f'[target]\nsource = "{root / "target"}"\n'
+        f'[drafter]\nsource = "{root / "drafter"}"\n'
+        f"[generation]\nmax_new_tokens = 8\ngamma = 3\n"
+    )
+    return path
+
+
+def run_main(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    code = cli.main(argv)
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_help_documents_every_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["--help"])
+    assert exit_info.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    for flag in (
+        "--config", "--target", "--drafter", "--device", "--dtype", "--quantize", "--gamma",
+        "--processor", "--temperature", "--top-k", "--top-p", "--max-new-tokens", "--seed",
+        "--no-cache", "--no-chat", "--trust-remote-code", "--prompt", "--json",
+    ):  # fmt: skip
+        assert flag in text
+    assert "an integer >= 1 and <= 64" in text  # the bounds come from Settings
+
+
+def test_flags_override_the_config(config_file: Path) -> None:
+    args = cli.build_parser().parse_args(
+        [
+            "--config", str(config_file), "--gamma", "6", "--processor", "topk", "--top-k", "9",
+            "--temperature", "0.5", "--top-p", "0.7", "--max-new-tokens", "20", "--seed", "3",
+            "--no-cache", "--no-chat", "--drafter-gen", "--dtype", "bfloat16",
+            "--drafter-quantize", "8bit", "--device", "cpu", "--trust-remote-code",
+            "--system-prompt", "Be brief.",
+        ]
+    )  # fmt: skip
+    config = cli.app_config(args)
+    assert config.settings == Settings(
+        gamma=6,
+        processor="topk",
+        top_k=9,
+        temperature=0.5,
+        top_p=0.7,
+        max_new_tokens=20,
+        seed=3,
+        use_cache=False,
+        chat=False,
+        drafter_gen=True,
+        system_prompt="Be brief.",
+    )
+    assert config.target.dtype == "bfloat16" and config.target.quantize is None
+    assert config.drafter is not None
+    assert config.drafter.quantize == "8bit" and config.drafter.dtype == "auto"
+    assert config.trust_remote_code is True
+    untouched = cli.app_config(cli.build_parser().parse_args(["--config", str(config_file)]))
+    assert untouched.settings == Settings(max_new_tokens=8, gamma=3)
+    assert untouched.trust_remote_code is False
+    no_drafter = cli.app_config(
+        cli.build_parser().parse_args(["--config", str(config_file), "--drafter", "none"])
+    )
+    assert no_drafter.drafter is None
+    template_default = cli.app_config(
+        cli.build_parser().parse_args(["--config", str(config_file), "--system-prompt", "none"])
+    )
+    assert template_default.settings.system_prompt is None
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--gamma", "0"], "--gamma: gamma must be an integer >= 1 and <= 64, got 0"),
+        (["--top-p", "1.5"], "--top-p: top_p must be a number > 0 and <= 1"),
+        (["--processor", "beam"], "--processor: processor must be one of greedy"),
+    ],
+)
+def test_a_bad_flag_value_is_refused_before_loading(
+    config_file: Path, capsys: pytest.CaptureFixture[str], argv: list[str], message: str
+) -> None:
+    code, _, err = run_main(["--config", str(config_file), *argv], capsys)
+    assert code == 2
+    assert message in " ".join(err.split())
+    assert "Loading" not in err
+
+
+def test_a_bad_config_file_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run_main(["--config", str(tmp_path / "missing.toml")], capsys)
+    assert code == 2
+    assert "no such config file" in err
+
+
+def test_a_model_that_cannot_load_is_a_message(
+    tmp_path: Path, config_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, _, err = run_main(
+        ["--config", str(config_file), "--target", str(tmp_path / "nowhere"), "--prompt", "x"],
+        capsys,
+    )
+    assert code == 1
+    assert "✗" in err and "Traceback" not in err
+
+
+def test_json_needs_a_prompt(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["--json"])
+    assert exit_info.value.code == 2
+    assert "--json needs --prompt" in capsys.readouterr().err
+
+
+def check_run(record: dict[str, object], speculative: bool) -> None:
+    assert set(record) >= RUN_FIELDS
+    assert record["new_tokens"] == len(record["token_ids"])  # type: ignore[arg-type]
+    seconds, rate = record["seconds"], record["tokens_per_second"]
+    assert isinstance(seconds, float) and isinstance(rate, float)
+    assert rate == pytest.approx(record["new_tokens"] / seconds)  # type: ignore[operator]
+    for name in ("drafted", "accepted", "acceptance_rate", "mean_accepted_length"):
+        assert (record[name] is not None) is speculative
+
+
+def test_one_shot_json_on_tiny_models(
+    config_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = run_main(
+        ["--config", str(config_file), "--prompt", "w7 w8", "--json", "--drafter-gen"], capsys
+    )
+    assert code == 0
+    payload = json.loads(out)  # stdout holds the JSON object and nothing else
+    assert set(payload) >= {"config", "runs", "speedup"}
+    assert payload["config"]["gamma"] == 3 and payload["config"]["max_new_tokens"] == 8
+    assert payload["config"]["target"]["kind"] == "directory"
+    runs = payload["runs"]
+    assert list(runs) == ["speculative", "target", "drafter"]
+    check_run(runs["speculative"], speculative=True)
+    check_run(runs["target"], speculative=False)
+    check_run(runs["drafter"], speculative=False)
+    assert runs["speculative"]["token_ids"] == runs["target"]["token_ids"]  # greedy: lossless
+    assert payload["speedup"] == pytest.approx(
+        runs["speculative"]["tokens_per_second"] / runs["target"]["tokens_per_second"]
+    )
+    assert "Loading models" in err  # progress goes to stderr
+
+
+def test_one_shot_json_without_a_drafter(
+    config_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, _ = run_main(
+        ["--config", str(config_file), "--drafter", "none", "--prompt", "w7", "--json"], capsys
+    )
+    assert code == 0
+    payload = json.loads(out)
+    assert list(payload["runs"]) == ["target"]
+    assert payload["speedup"] is None and payload["config"]["drafter"] is None
+
+
+def test_one_shot_refusal_exits_non_zero(
+    config_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, _ = run_main(["--config", str(config_file), "--prompt", "  ", "--json"], capsys)
+    assert code == 1
+    payload = json.loads(out)
+    assert payload["runs"] == {} and "empty" in payload["refusal"]
+
+
+def test_one_shot_rendered(config_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run_main(["--config", str(config_file), "--prompt", "w7 w8"], capsys)
+    assert code == 0
+    assert "speculative · γ=3 · greedy" in out
+    assert "target only · greedy" in out
+    assert "baseline" in out
+    assert "float32" in out  # the loaded models are shown
+
+
+def test_piped_repl(
+    config_file: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sys, "stdin", io.StringIO("/gamma 2\nw7 w8\n/models\n/quit\n"))
+    code, out, _ = run_main(["--config", str(config_file)], capsys)
+    assert code == 0
+    assert "› /gamma 2" in out and "gamma: 3 → 2" in out
+    assert "speculative · γ=2" in out
+    assert out.rstrip().endswith("Goodbye.")
+
+
+def test_subcommands_can_be_added(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen: list[argparse.Namespace] = []
+
+    def configure(parser: argparse.ArgumentParser) -> None:
+        cli.add_setting_options(parser)
+        parser.add_argument("--rounds", type=int, default=1)
+
+    def execute(args: argparse.Namespace) -> int:
+        seen.append(args)
+        return 5
+
+    demo = cli.Subcommand("demo", "a subcommand for the test", configure, execute)
+    monkeypatch.setattr(cli, "SUBCOMMANDS", [demo])
+    assert cli.main(["demo", "--rounds", "3", "--gamma", "2"]) == 5
+    assert seen[0].rounds == 3 and seen[0].gamma == 2
+    with pytest.raises(SystemExit):
+        cli.main(["--help"])
+    assert "demo" in capsys.readouterr().out
+
+
+@pytest.mark.embedded
+def test_one_shot_json_on_the_embedded_pair(embedded_cache_dir: str) -> None:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "SPECREPL_CACHE_DIR": embedded_cache_dir}
+    completed = subprocess.run(
+        [
+            sys.executable, "infer.py", "--prompt", "What is the capital of France?", "--json",
+            "--max-new-tokens", "24", "--drafter-gen",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )  # fmt: skip
+    assert completed.returncode == 0, completed.stderr
+    payload = json.loads(completed.stdout)
+    assert set(payload) >= {"config", "runs", "speedup"}
+    config = payload["config"]
+    assert config["processor"] == "greedy" and config["max_new_tokens"] == 24
+    assert config["target"]["parameters"] > 100_000_000
+    runs = payload["runs"]
+    assert list(runs) == ["speculative", "target", "drafter"]
+    check_run(runs["speculative"], speculative=True)
+    check_run(runs["target"], speculative=False)
+    check_run(runs["drafter"], speculative=False)
+    speculative, target = runs["speculative"], runs["target"]
+    assert speculative["token_ids"] == target["token_ids"]
+    assert "Paris" in speculative["text"]
+    assert 0 < speculative["new_tokens"] <= 24
+    assert speculative["steps"] < speculative["new_tokens"]  # drafts were accepted
+    assert payload["speedup"] == pytest.approx(
+        speculative["tokens_per_second"] / target["tokens_per_second"]
+    )
