@@ -86,6 +86,12 @@ class _SettingFlag:
 
 _SETTING_FLAGS = (
     _SettingFlag("--gamma", "gamma"),
+    _SettingFlag("--gamma-policy", "gamma_policy"),
+    _SettingFlag("--confidence", "confidence"),
+    _SettingFlag("--drafter-kind", "drafter_kind"),
+    _SettingFlag("--ngram-order", "ngram_order"),
+    _SettingFlag("--ngram-keep", "ngram_keep", True),
+    _SettingFlag("--lookup-max-ngram", "lookup_max_ngram"),
     _SettingFlag("--processor", "processor"),
     _SettingFlag("--temperature", "temperature"),
     _SettingFlag("--top-k", "top_k"),

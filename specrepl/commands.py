@@ -20,8 +20,9 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, Union
 
+from .gamma import POLICIES
 from .processors import PROCESSORS
-from .settings import SettingError, Settings
+from .settings import DRAFTER_KINDS, SettingError, Settings
 
 if TYPE_CHECKING:
     from .models import ModelPair
@@ -437,7 +438,9 @@ def _toggle_command(name: str, setting: str, help: str, aliases: tuple[str, ...]
     REGISTRY.add(Command(name, aliases, (argument,), help, handler))
 
 
-_setting_command("gamma", "gamma", "N", "number of draft tokens per speculative step")
+_setting_command(
+    "confidence", "confidence", "P", "stop threshold of the confidence gamma policy", ("conf",)
+)
 _setting_command("length", "max_new_tokens", "N", "most new tokens per answer", ("max",))
 _setting_command("seed", "seed", "N", "seed of the sampling generator (same for every run)")
 
@@ -447,6 +450,81 @@ _toggle_command("drafter_gen", "drafter_gen", "run the drafter alone, for refere
 _toggle_command("cache", "use_cache", "use the KV cache in both models")
 _toggle_command("debug", "debug", "show every speculative step and the acceptance histogram")
 _toggle_command("chat", "chat", "chat template with history (off: raw text continuation)")
+
+
+@REGISTRY.command(
+    "gamma",
+    help="drafts per step: N (fixed), or a policy auto|heuristic|confidence|fixed [at most N]",
+    arguments=(
+        Argument(
+            "value",
+            str,
+            "a number of drafts, or a gamma policy",
+            choices_of=lambda: POLICIES,
+            metavar="N|" + "|".join(POLICIES),
+        ),
+        Argument("max", int, "the largest gamma", setting="gamma", metavar="N"),
+    ),
+)
+def _gamma(session: ChatSession, values: Mapping[str, Any]) -> CommandResult:
+    if "value" not in values:
+        return ShowSettings(session.settings, ("gamma_policy", "gamma"))
+    value = values["value"].lower()
+    if value in POLICIES:
+        changes: dict[str, Any] = {"gamma_policy": value}
+        if "max" in values:
+            changes["gamma"] = values["max"]
+        return _set(session, **changes)
+    if "max" in values:
+        raise CommandError("give one number: /gamma N, or a policy and its maximum")
+    try:
+        gamma = int(value)
+    except ValueError:
+        raise CommandError(
+            f"gamma must be {Settings.bound('gamma').describe()} or one of "
+            f"{', '.join(POLICIES)}, got {values['value']!r}"
+        ) from None
+    return _set(session, gamma=gamma, gamma_policy="fixed")
+
+
+@REGISTRY.command(
+    "drafter_kind",
+    aliases=("kind",),
+    help="what drafts: model, ngram [order] [keep], or lookup [max_ngram]",
+    arguments=(
+        Argument("kind", str, "the drafter kind", setting="drafter_kind", choices=DRAFTER_KINDS),
+        Argument("order", int, "longest n-gram", "ngram_order", when=("kind", ("ngram",))),
+        Argument(
+            "keep", bool, "keep counts between prompts", "ngram_keep", when=("kind", ("ngram",))
+        ),
+        Argument(
+            "max_ngram",
+            int,
+            "longest suffix searched",
+            "lookup_max_ngram",
+            when=("kind", ("lookup",)),
+        ),
+    ),
+    current=lambda session: {"kind": session.settings.drafter_kind},
+)
+def _drafter_kind(session: ChatSession, values: Mapping[str, Any]) -> CommandResult:
+    if not values:
+        return ShowSettings(
+            session.settings, ("drafter_kind", "ngram_order", "ngram_keep", "lookup_max_ngram")
+        )
+    names = {"kind": "drafter_kind", "order": "ngram_order", "keep": "ngram_keep"}
+    names["max_ngram"] = "lookup_max_ngram"
+    return _set(session, **{names[key]: value for key, value in values.items()})
+
+
+@REGISTRY.command(
+    "ngram",
+    help="the n-gram drafter on or off (off: back to the model drafter)",
+    arguments=(Argument("on", bool, "on or off (default: flip)"),),
+)
+def _ngram(session: ChatSession, values: Mapping[str, Any]) -> CommandResult:
+    on = values.get("on", session.settings.drafter_kind != "ngram")
+    return _set(session, drafter_kind="ngram" if on else "model")
 
 
 def _processor_names() -> tuple[str, ...]:

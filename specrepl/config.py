@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .settings import SettingError, Settings
+from .settings import DRAFTER_KINDS, SettingError, Settings
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -40,13 +40,17 @@ __all__ = [
 
 DTYPE_NAMES = ("auto", "float32", "fp32", "float16", "fp16", "bfloat16", "bf16")
 QUANTIZE_NAMES = ("none", "8bit", "4bit")
-DRAFTER_KINDS = ("model",)
 DEVICE_PATTERN = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
 
 _TOP_KEYS = ("device", "trust_remote_code", "target", "drafter", "generation")
 _MODEL_KEYS = ("source", "dtype", "quantize")
-_DRAFTER_KEYS = ("kind", *_MODEL_KEYS)
-_LATER_DRAFTER_KINDS = ("ngram", "lookup")
+# keys of [drafter] that are session settings, by the setting they set
+_DRAFTER_SETTINGS = {
+    "order": "ngram_order",
+    "keep_between_prompts": "ngram_keep",
+    "max_ngram": "lookup_max_ngram",
+}
+_DRAFTER_KEYS = ("kind", *_MODEL_KEYS, *_DRAFTER_SETTINGS)
 
 
 class ConfigError(ValueError):
@@ -172,21 +176,27 @@ class _Reader:
         target = self.model_spec(target_table, "target")
         drafter_table = self.table(data, "drafter")
         drafter = None
+        drafter_settings: dict[str, Any] = {}
         if drafter_table is not None:
             self.check_keys(drafter_table, _DRAFTER_KEYS, "drafter")
             kind = self.string(drafter_table, "kind", "drafter.kind", "model")
-            if kind in _LATER_DRAFTER_KINDS:
-                raise self.error(
-                    "drafter.kind",
-                    "'model' (the only drafter kind supported by config files so far)",
-                    kind,
-                )
             if kind not in DRAFTER_KINDS:
                 raise self.error(
                     "drafter.kind", "one of " + ", ".join(map(repr, DRAFTER_KINDS)), kind
                 )
-            drafter = self.model_spec(drafter_table, "drafter")
+            # an n-gram or lookup drafter needs no model, but may name one to switch to
+            if kind == "model" or "source" in drafter_table:
+                drafter = self.model_spec(drafter_table, "drafter")
+            drafter_settings["drafter_kind"] = ("drafter.kind", kind)
+            for key, setting in _DRAFTER_SETTINGS.items():
+                if key in drafter_table:
+                    drafter_settings[setting] = (f"drafter.{key}", drafter_table[key])
         settings = self.settings(self.table(data, "generation") or {})
+        for setting, (where, value) in drafter_settings.items():
+            try:
+                settings = settings.updated(**{setting: value})
+            except SettingError:
+                raise self.error(where, Settings.bound(setting).describe(), value) from None
         return AppConfig(
             target=target,
             drafter=drafter,

@@ -83,7 +83,8 @@ def settings_line(settings: Settings) -> str:
         for name, setting in GENERATORS.items()
     )
     return (
-        f" γ={settings.gamma} │ {settings.logits_processor().describe()} │ {runs} │ "
+        f" γ={settings.describe_gamma()} {settings.drafter_kind} │ "
+        f"{settings.logits_processor().describe()} │ {runs} │ "
         f"cache {format_value(settings.use_cache)} │ chat {format_value(settings.chat)} │ "
         f"debug {format_value(settings.debug)} │ max {settings.max_new_tokens} │ "
         f"seed {settings.seed}"
@@ -177,7 +178,8 @@ class AnswerView:
         settings = event.settings
         details = [GENERATOR_TITLE[event.generator]]
         if event.generator == "speculative":
-            details.append(f"γ={settings.gamma}")
+            details.append(f"{settings.drafter_kind} drafter")
+            details.append(f"γ={settings.describe_gamma()}")
         details.append(settings.logits_processor().describe())
         self.title = f"[bold]{details[0]}[/bold] · " + " · ".join(details[1:])
         self.style = GENERATOR_STYLE[event.generator]
@@ -197,6 +199,8 @@ class AnswerView:
     def step(self, event: RunStep) -> None:
         pieces = event.pieces
         if self.debug and pieces is not None:
+            # the gamma the policy chose for this step, before its tokens
+            self.body.append(f"‹{event.step.requested_gamma}›", style="dim")
             for piece in pieces.accepted:
                 self.body.append(piece, style=ACCEPTED_STYLE)
             if pieces.rejected is not None:

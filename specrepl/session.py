@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Literal, Union
 
 import torch
 
+from .drafters import Drafter, LookupDrafter, ModelDrafter, NgramDrafter
 from .generation import (
     ContextTooLongError,
     GenerationInterrupted,
@@ -60,7 +61,6 @@ GENERATORS: dict[GeneratorName, str] = {
     "target": "target_gen",
     "drafter": "drafter_gen",
 }
-_NEEDS_DRAFTER = ("speculative", "drafter_gen")
 
 
 @dataclass(frozen=True)
@@ -234,8 +234,12 @@ class ChatSession:
         self.history: list[Message] = []
         settings = settings or Settings()
         if pair.drafter is None:
-            settings = settings.updated(**{name: False for name in _NEEDS_DRAFTER})
+            off = {"drafter_gen": False}
+            if settings.drafter_kind == "model":
+                off["speculative"] = False
+            settings = settings.updated(**off)
         self.settings = settings
+        self._ngram: NgramDrafter | None = None
 
     # -- state -------------------------------------------------------------
 
@@ -249,11 +253,15 @@ class ChatSession:
 
     def update(self, **changes: Any) -> list[Change]:
         """Apply validated setting changes; on error raise SettingError and change nothing."""
-        if self.pair.drafter is None:
-            for name in _NEEDS_DRAFTER:
-                if changes.get(name):
-                    raise SettingError(f"{name} needs a drafter model, and none is loaded")
         updated = self.settings.updated(**changes)
+        if self.pair.drafter is None:
+            if updated.drafter_gen:
+                raise SettingError("drafter_gen needs a drafter model, and none is loaded")
+            if updated.speculative and updated.drafter_kind == "model":
+                raise SettingError(
+                    "speculative decoding with the model drafter needs a drafter model, and none"
+                    " is loaded: choose /drafter_kind ngram or lookup, or start with --drafter"
+                )
         old = self.settings
         self.settings = updated
         return [Change(name, getattr(old, name), getattr(updated, name)) for name in changes]
@@ -262,6 +270,7 @@ class ChatSession:
         """Forget the chat history; returns how many turns (user + assistant) it had."""
         turns = len(self.history)
         self.history = []
+        self._ngram = None  # counts kept between prompts belong to the history
         return turns
 
     def enabled_generators(self) -> list[GeneratorName]:
@@ -390,9 +399,9 @@ class ChatSession:
             if generator == "speculative":
                 result = speculative_generate(
                     ids,
-                    self._drafter_model(),
+                    self._drafter(settings),
                     self.pair.target.model,
-                    gamma=settings.gamma,
+                    gamma=settings.gamma_policy_object(),
                     **common,
                 )
             else:
@@ -404,6 +413,18 @@ class ChatSession:
         run = Run(generator, replace(result, text=text), text, drafted_per_position)
         emit(RunFinished(generator, run))
         return run
+
+    def _drafter(self, settings: Settings) -> Drafter:
+        """The drafter the settings ask for; n-gram counts persist while `ngram_keep` is on."""
+        if settings.drafter_kind == "ngram":
+            kept = self._ngram
+            if kept is None or not settings.ngram_keep or kept.max_order != settings.ngram_order:
+                kept = NgramDrafter(settings.ngram_order, keep_between_prompts=settings.ngram_keep)
+                self._ngram = kept
+            return kept
+        if settings.drafter_kind == "lookup":
+            return LookupDrafter(settings.lookup_max_ngram)
+        return ModelDrafter(self._drafter_model(), use_cache=settings.use_cache)
 
     def _drafter_model(self) -> Any:
         if self.pair.drafter is None:

@@ -12,9 +12,12 @@ import math
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
+from .gamma import POLICIES, GammaPolicy, make_policy
 from .processors import PROCESSORS, LogitsProcessor, make_processor
 
 GAMMA_MAX = 64
+DRAFTER_KINDS = ("model", "ngram", "lookup")
+NGRAM_ORDER_MAX = 8
 MAX_NEW_TOKENS_MAX = 1_000_000
 SEED_MAX = 2**63 - 1
 TEMPERATURE_MAX = 100.0
@@ -90,7 +93,27 @@ def _setting(default: Any, bound: Bound, help: str) -> Any:
 class Settings:
     """Everything a user can change while the session runs."""
 
-    gamma: int = _setting(4, Bound(int, 1, GAMMA_MAX), "draft tokens proposed per step")
+    gamma: int = _setting(
+        4, Bound(int, 1, GAMMA_MAX), "draft tokens per step (the most, for an adaptive policy)"
+    )
+    gamma_policy: str = _setting(
+        "auto", Bound(str, choices=POLICIES), "fixed gamma, or how it adapts while decoding"
+    )
+    confidence: float = _setting(
+        0.4, Bound(float, 0, 0.99), "the confidence policy's stop threshold for the model drafter"
+    )
+    drafter_kind: str = _setting(
+        "model", Bound(str, choices=DRAFTER_KINDS), "what drafts: a model, n-grams or prompt lookup"
+    )
+    ngram_order: int = _setting(
+        3, Bound(int, 2, NGRAM_ORDER_MAX), "longest n-gram the n-gram drafter counts"
+    )
+    ngram_keep: bool = _setting(
+        False, Bound(bool), "keep the n-gram counts from one prompt to the next"
+    )
+    lookup_max_ngram: int = _setting(
+        3, Bound(int, 1, NGRAM_ORDER_MAX), "longest suffix prompt lookup searches for"
+    )
     processor: str = _setting(
         "greedy", Bound(str, choices=tuple(PROCESSORS)), "how tokens are chosen from the logits"
     )
@@ -132,6 +155,15 @@ class Settings:
         return make_processor(
             self.processor, temperature=self.temperature, top_k=self.top_k, top_p=self.top_p
         )
+
+    def gamma_policy_object(self) -> GammaPolicy:
+        return make_policy(self.gamma_policy, self.gamma, confidence=self.confidence)
+
+    def describe_gamma(self) -> str:
+        """`4` for a fixed gamma, `auto≤4` for an adaptive one."""
+        if self.gamma_policy == "fixed":
+            return str(self.gamma)
+        return f"{self.gamma_policy}≤{self.gamma}"
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -209,7 +209,7 @@ def test_one_shot_refusal_exits_non_zero(
 def test_one_shot_rendered(config_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run_main(["--config", str(config_file), "--prompt", "w7 w8"], capsys)
     assert code == 0
-    assert "speculative · γ=3 · greedy" in out
+    assert "speculative · model drafter · γ=auto≤3 · greedy" in out
     assert "target only · greedy" in out
     assert "baseline" in out
     assert "float32" in out  # the loaded models are shown
@@ -222,7 +222,7 @@ def test_piped_repl(
     code, out, _ = run_main(["--config", str(config_file)], capsys)
     assert code == 0
     assert "› /gamma 2" in out and "gamma: 3 → 2" in out
-    assert "speculative · γ=2" in out
+    assert "speculative · model drafter · γ=2" in out
     assert out.rstrip().endswith("Goodbye.")
 
 

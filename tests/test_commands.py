@@ -50,9 +50,21 @@ def settings_after(session: ChatSession, line: str) -> Settings:
 @pytest.mark.parametrize(
     ("line", "expected"),
     [
-        ("/gamma 3", {"gamma": 3}),
-        (f"/gamma {GAMMA_MAX}", {"gamma": GAMMA_MAX}),
-        ("/gamma 1", {"gamma": 1}),
+        ("/gamma 3", {"gamma": 3, "gamma_policy": "fixed"}),
+        (f"/gamma {GAMMA_MAX}", {"gamma": GAMMA_MAX, "gamma_policy": "fixed"}),
+        ("/gamma 1", {"gamma": 1, "gamma_policy": "fixed"}),
+        ("/gamma heuristic", {"gamma_policy": "heuristic"}),
+        ("/gamma confidence 6", {"gamma_policy": "confidence", "gamma": 6}),
+        ("/gamma AUTO max=8", {"gamma_policy": "auto", "gamma": 8}),
+        ("/confidence 0.7", {"confidence": 0.7}),
+        ("/drafter_kind ngram", {"drafter_kind": "ngram"}),
+        (
+            "/drafter_kind ngram 5 on",
+            {"drafter_kind": "ngram", "ngram_order": 5, "ngram_keep": True},
+        ),
+        ("/kind lookup 2", {"drafter_kind": "lookup", "lookup_max_ngram": 2}),
+        ("/ngram", {"drafter_kind": "ngram"}),
+        ("/ngram off", {"drafter_kind": "model"}),
         ("/length 200", {"max_new_tokens": 200}),
         ("/max 5", {"max_new_tokens": 5}),
         ("/seed 1234", {"seed": 1234}),
@@ -88,7 +100,7 @@ def settings_after(session: ChatSession, line: str) -> Settings:
         ("/chat", {"chat": False}),
         ("/chat OFF", {"chat": False}),
         ("/system You are terse.", {"system_prompt": "You are terse."}),
-        ("/GAMMA 2", {"gamma": 2}),
+        ("/GAMMA 2", {"gamma": 2, "gamma_policy": "fixed"}),
     ],
 )
 def test_valid_commands_change_exactly_their_settings(
@@ -106,9 +118,17 @@ def test_valid_commands_change_exactly_their_settings(
     [
         ("/gamma 0", "gamma must be an integer >= 1 and <= 64, got 0"),
         (f"/gamma {GAMMA_MAX + 1}", "<= 64"),
-        ("/gamma three", "gamma must be an integer"),
+        ("/gamma three", "gamma must be an integer >= 1 and <= 64 or one of fixed, heuristic"),
         ("/gamma 2.5", "gamma must be an integer"),
-        ("/gamma 3 4", "unexpected argument '4'"),
+        ("/gamma 3 4", "give one number"),
+        ("/gamma auto 0", "max must be an integer >= 1"),
+        ("/gamma auto 3 4", "unexpected argument '4'"),
+        ("/confidence 1", "confidence must be a number >= 0 and <= 0.99"),
+        ("/drafter_kind beam", "kind must be one of model, ngram, lookup"),
+        ("/drafter_kind ngram 1", "order must be an integer >= 2"),
+        ("/drafter_kind model 3", "unexpected argument '3'"),
+        ("/drafter_kind lookup order=3", "lookup takes no order"),
+        ("/ngram maybe", "on must be one of on, off"),
         ("/length 0", "max_new_tokens must be an integer >= 1"),
         ("/length -5", "max_new_tokens must be"),
         ("/seed -1", "seed must be an integer >= 0"),
@@ -161,7 +181,8 @@ def test_failed_command_shows_the_valid_form(session: ChatSession) -> None:
     assert isinstance(result, CommandFailed)
     assert result.usage == "/processor [NAME] [temperature] [top_k] [top_p]"
     assert REGISTRY.dispatch(session, "/gamma 0") == CommandFailed(
-        "gamma must be an integer >= 1 and <= 64, got 0", "/gamma [N]"
+        "gamma must be an integer >= 1 and <= 64, got 0",
+        "/gamma [N|fixed|heuristic|confidence|auto] [N]",
     )
 
 
@@ -197,7 +218,10 @@ def test_toggles_flip_and_set(session: ChatSession) -> None:
 def test_change_records_old_and_new(session: ChatSession) -> None:
     result = REGISTRY.dispatch(session, "/gamma 7")
     assert isinstance(result, SettingsChanged)
-    assert [(c.name, c.old, c.new) for c in result.changes] == [("gamma", 4, 7)]
+    assert [(c.name, c.old, c.new) for c in result.changes] == [
+        ("gamma", 4, 7),
+        ("gamma_policy", "auto", "fixed"),
+    ]
 
 
 def test_system_prompt_set_show_and_clear(session: ChatSession) -> None:
@@ -211,7 +235,7 @@ def test_system_prompt_set_show_and_clear(session: ChatSession) -> None:
 
 def test_bare_setting_commands_show_the_value(session: ChatSession) -> None:
     for line, names in [
-        ("/gamma", ("gamma",)),
+        ("/gamma", ("gamma_policy", "gamma")),
         ("/length", ("max_new_tokens",)),
         ("/seed", ("seed",)),
         ("/processor", ("processor", "temperature", "top_k", "top_p")),
@@ -248,6 +272,7 @@ def test_the_issue_lists_every_command() -> None:
     expected = {
         "gamma", "processor", "length", "seed", "speculative", "target_gen", "drafter_gen",
         "cache", "debug", "chat", "reset", "clear", "config", "models", "help", "quit",
+        "drafter_kind", "ngram",
     }  # fmt: skip
     assert expected <= names
     assert REGISTRY.lookup("target") is REGISTRY.lookup("target_gen")
@@ -317,7 +342,8 @@ def test_a_new_command_gets_help_and_completion_for_free() -> None:
         ("/cache o", "o", ["on", "off"]),
         ("/chat of", "of", ["off"]),
         ("/help ga", "ga", ["gamma"]),
-        ("/gamma ", "", []),
+        ("/gamma ", "", ["fixed", "heuristic", "confidence", "auto"]),
+        ("/drafter_kind ", "", ["model", "ngram", "lookup"]),
         ("/system Be", "Be", []),
         ("/nothing x", "x", []),
         ("hello wor", "wor", []),

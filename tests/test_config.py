@@ -142,10 +142,32 @@ def test_table_expected(tmp_path: Path) -> None:
     expect_error(write(tmp_path, 'target = "embedded"\n'), "target", "table")
 
 
-@pytest.mark.parametrize("kind", ["ngram", "lookup", "banana"])
-def test_only_model_drafters_for_now(tmp_path: Path, kind: str) -> None:
-    path = write(tmp_path, f'[target]\nsource = "embedded"\n[drafter]\nkind = "{kind}"\n')
-    expect_error(path, "drafter.kind", "'model'")
+def test_unknown_drafter_kind(tmp_path: Path) -> None:
+    path = write(tmp_path, '[target]\nsource = "embedded"\n[drafter]\nkind = "banana"\n')
+    expect_error(path, "drafter.kind", "'model', 'ngram', 'lookup'")
+
+
+def test_ngram_and_lookup_drafters_need_no_model(tmp_path: Path) -> None:
+    path = write(tmp_path, '[target]\nsource = "embedded"\n[drafter]\nkind = "ngram"\norder = 5\n')
+    config = load_config(path)
+    assert config.drafter is None
+    assert config.settings.drafter_kind == "ngram" and config.settings.ngram_order == 5
+    path = write(
+        tmp_path, '[target]\nsource = "embedded"\n[drafter]\nkind = "lookup"\nmax_ngram = 2\n'
+    )
+    assert load_config(path).settings.lookup_max_ngram == 2
+
+
+def test_drafter_setting_out_of_range(tmp_path: Path) -> None:
+    path = write(tmp_path, '[target]\nsource = "embedded"\n[drafter]\nkind = "ngram"\norder = 1\n')
+    expect_error(path, "drafter.order", ">= 2")
+
+
+def test_every_shipped_config_parses() -> None:
+    configs = sorted((Path(__file__).parent.parent / "configs").glob("*.toml"))
+    assert len(configs) >= 5
+    for path in configs:
+        load_config(path)
 
 
 def test_model_spec_validates_itself() -> None:

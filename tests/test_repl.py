@@ -85,9 +85,9 @@ def test_scripted_terminal_session(session: ChatSession, tmp_path: Path) -> None
     assert "gamma: 4 → 3" in text
     assert "sampling: topk(temperature=0.8, top_k=5)" in text
     assert "✗ gamma must be an integer >= 1 and <= 64, got 99" in text
-    assert "usage: /gamma [N]" in text
+    assert "usage: /gamma [N|fixed|heuristic|confidence|auto] [N]" in text
     assert "debug: off → on" in text
-    assert text.count("speculative · γ=3") == 2
+    assert text.count("model drafter · γ=3") == 2
     assert text.count("target only") == 2
     assert "baseline" in text
     assert "acceptance by draft position" in text  # debug after the second answer
@@ -132,7 +132,7 @@ def test_piped_session_reads_plain_lines(session: ChatSession) -> None:
     text = console.export_text()
     assert "› /gamma 3" in text and "gamma: 4 → 3" in text
     assert "› w7 w8 w9" in text
-    assert "speculative · γ=3" in text
+    assert "model drafter · γ=3" in text
     assert "Nothing to answer: the prompt is empty." in text
     assert "max_new_tokens must be an integer" in text
     assert "never read" not in text
@@ -196,9 +196,9 @@ def test_toolbar_shows_the_live_settings(session: ChatSession) -> None:
         reader = TerminalReader(session, input=pipe, output=DummyOutput())
         toolbar = reader.prompt_session.bottom_toolbar
         assert callable(toolbar)
-        assert "γ=4" in toolbar()
+        assert "γ=auto≤4" in toolbar()
         session.update(gamma=2, processor="nucleus", drafter_gen=True, use_cache=False)
         line = toolbar()
     assert line == settings_line(session.settings)
-    assert "γ=2" in line and "nucleus(temperature=1.0, top_p=0.9)" in line
+    assert "γ=auto≤2" in line and "nucleus(temperature=1.0, top_p=0.9)" in line
     assert "drafter✓" in line and "cache off" in line and "chat on" in line

@@ -308,3 +308,37 @@ def test_answer_to_dict_is_plain_data(pair: ModelPair) -> None:
     assert runs["target"]["acceptance_rate"] is None
     assert runs["target"]["drafted"] is None
     assert runs["speculative"]["drafted"] == answer.runs["speculative"].result.drafted
+
+
+@pytest.mark.parametrize("kind", ["model", "ngram", "lookup"])
+@pytest.mark.parametrize("policy", ["fixed", "auto"])
+def test_every_drafter_kind_answers_with_the_target_text(pair: ModelPair, kind, policy) -> None:
+    session = new_session(pair, drafter_kind=kind, gamma_policy=policy, max_new_tokens=24)
+    for prompt in (PROMPT, "w10 w11 w10 w11 w10"):  # two turns: n-gram state carries over
+        answer = session.answer(prompt)
+        assert answer.refusal is None
+        assert answer.runs["speculative"].result.token_ids == answer.runs["target"].result.token_ids
+
+
+def test_without_a_drafter_model_the_ngram_drafters_still_speculate() -> None:
+    target = tiny_llama(32, seed=4)
+    alone = ModelPair.from_models(target, None, tiny_tokenizer(32))
+    session = ChatSession(alone, Settings(max_new_tokens=8))
+    assert not session.settings.speculative  # the model drafter has no model
+    with pytest.raises(ValueError, match="drafter_kind ngram or lookup"):
+        session.update(speculative=True)
+    session.update(drafter_kind="lookup", speculative=True)
+    answer = session.answer(PROMPT)
+    assert answer.runs["speculative"].result.token_ids == answer.runs["target"].result.token_ids
+    with pytest.raises(ValueError, match="needs a drafter model"):
+        session.update(drafter_kind="model")
+    assert session.settings.drafter_kind == "lookup"
+
+
+def test_reset_forgets_kept_ngram_counts(pair: ModelPair) -> None:
+    session = new_session(pair, drafter_kind="ngram", ngram_keep=True)
+    session.answer(PROMPT)
+    kept = session._drafter(session.settings)
+    assert kept is session._drafter(session.settings) and kept.counts
+    session.reset()
+    assert session._drafter(session.settings) is not kept
