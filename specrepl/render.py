@@ -454,9 +454,9 @@ class Renderer:
         positions.add_column("", no_wrap=True)
         accepted = run.result.accepted_per_position
         for index, (count, rate) in enumerate(
-            zip(accepted, run.acceptance_per_position, strict=False), start=1
+            zip(accepted, run.result.acceptance_per_position, strict=False), start=1
         ):
-            drafted = run.drafted_per_position[index - 1]
+            drafted = run.result.drafted_per_position[index - 1]
             bar = "█" * round((rate or 0.0) * BAR_WIDTH)
             positions.add_row(
                 str(index), f"{count}/{drafted}", _number(rate, ".0%"), Text(bar, style="green")

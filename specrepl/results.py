@@ -63,6 +63,7 @@ class GenerationResult:
     draft_seconds: float = 0.0
     target_seconds: float = 0.0
     accepted_per_position: list[int] = field(default_factory=list)
+    drafted_per_position: list[int] = field(default_factory=list)
     accepted_length_histogram: list[int] = field(default_factory=list)
     stop_reason: StopReason = "length"
 
@@ -89,6 +90,16 @@ class GenerationResult:
         return self.new_tokens / self.steps
 
     @property
+    def acceptance_per_position(self) -> list[float | None]:
+        """Share of the drafts at each position that the target accepted."""
+        return [
+            accepted / drafted if drafted else None
+            for accepted, drafted in zip(
+                self.accepted_per_position, self.drafted_per_position, strict=True
+            )
+        ]
+
+    @property
     def other_seconds(self) -> float:
         """Time spent outside the two models' forward passes."""
         return max(0.0, self.seconds - self.draft_seconds - self.target_seconds)
@@ -106,6 +117,9 @@ class GenerationResult:
             self.accepted += event.accepted
             while len(self.accepted_per_position) < event.gamma:
                 self.accepted_per_position.append(0)
+                self.drafted_per_position.append(0)
+            for position in range(event.gamma):
+                self.drafted_per_position[position] += 1
             for position in range(event.accepted):
                 self.accepted_per_position[position] += 1
             while len(self.accepted_length_histogram) <= event.accepted:
@@ -132,6 +146,7 @@ class GenerationResult:
             "draft_seconds": self.draft_seconds if speculative else None,
             "target_seconds": self.target_seconds,
             "accepted_per_position": list(self.accepted_per_position) if speculative else None,
+            "drafted_per_position": list(self.drafted_per_position) if speculative else None,
             "accepted_length_histogram": (
                 list(self.accepted_length_histogram) if speculative else None
             ),

@@ -114,22 +114,10 @@ class Run:
     generator: GeneratorName
     result: GenerationResult
     text: str
-    drafted_per_position: list[int] = field(default_factory=list)
-    """How many steps drafted a token at each position (the denominators of
-    `result.accepted_per_position`)."""
 
     @property
     def interrupted(self) -> bool:
         return self.result.stop_reason == "interrupted"
-
-    @property
-    def acceptance_per_position(self) -> list[float | None]:
-        return [
-            accepted / drafted if drafted else None
-            for accepted, drafted in zip(
-                self.result.accepted_per_position, self.drafted_per_position, strict=False
-            )
-        ]
 
     def to_dict(self) -> dict[str, object]:
         figures = self.result.to_dict()
@@ -375,13 +363,8 @@ class ChatSession:
     ) -> Run:
         emit = on_event or (lambda event: None)
         stream = _TextStream(self.tokenizer)
-        drafted_per_position: list[int] = []
 
         def on_step(step: StepEvent) -> None:
-            for position in range(step.gamma):
-                if position == len(drafted_per_position):
-                    drafted_per_position.append(0)
-                drafted_per_position[position] += 1
             pieces = self._pieces(step) if settings.debug else None
             emit(RunStep(generator, step, stream.push(step.appended), pieces))
 
@@ -410,7 +393,7 @@ class ChatSession:
         except GenerationInterrupted as interrupted:
             result = interrupted.result
         text = self.tokenizer.decode(result.token_ids, skip_special_tokens=True)
-        run = Run(generator, replace(result, text=text), text, drafted_per_position)
+        run = Run(generator, replace(result, text=text), text)
         emit(RunFinished(generator, run))
         return run
 

@@ -224,8 +224,8 @@ def test_debug_pieces_describe_each_step(pair: ModelPair) -> None:
             assert pieces.rejected is None
     run = answer.runs["speculative"]
     assert any(event.pieces and event.pieces.rejected for event in steps)
-    assert sum(run.drafted_per_position) == run.result.drafted
-    assert all(rate is not None and 0 <= rate <= 1 for rate in run.acceptance_per_position)
+    assert sum(run.result.drafted_per_position) == run.result.drafted
+    assert all(rate is not None and 0 <= rate <= 1 for rate in run.result.acceptance_per_position)
     # a draft is accepted only after every earlier one was
     accepted = run.result.accepted_per_position
     assert accepted == sorted(accepted, reverse=True)
