@@ -438,20 +438,6 @@ def _toggle_command(name: str, setting: str, help: str, aliases: tuple[str, ...]
     REGISTRY.add(Command(name, aliases, (argument,), help, handler))
 
 
-_setting_command(
-    "confidence", "confidence", "P", "stop threshold of the confidence gamma policy", ("conf",)
-)
-_setting_command("length", "max_new_tokens", "N", "most new tokens per answer", ("max",))
-_setting_command("seed", "seed", "N", "seed of the sampling generator (same for every run)")
-
-_toggle_command("speculative", "speculative", "run speculative decoding", ("spec",))
-_toggle_command("target_gen", "target_gen", "run the target alone, for comparison", ("target",))
-_toggle_command("drafter_gen", "drafter_gen", "run the drafter alone, for reference", ("drafter",))
-_toggle_command("cache", "use_cache", "use the KV cache in both models")
-_toggle_command("debug", "debug", "show every speculative step and the acceptance histogram")
-_toggle_command("chat", "chat", "chat template with history (off: raw text continuation)")
-
-
 @REGISTRY.command(
     "gamma",
     help="drafts per step: N (fixed), or a policy auto|heuristic|confidence|fixed [at most N]",
@@ -485,6 +471,20 @@ def _gamma(session: ChatSession, values: Mapping[str, Any]) -> CommandResult:
             f"{', '.join(POLICIES)}, got {values['value']!r}"
         ) from None
     return _set(session, gamma=gamma, gamma_policy="fixed")
+
+
+_setting_command(
+    "confidence", "confidence", "P", "stop threshold of the confidence gamma policy", ("conf",)
+)
+_setting_command("length", "max_new_tokens", "N", "most new tokens per answer", ("max",))
+_setting_command("seed", "seed", "N", "seed of the sampling generator (same for every run)")
+
+_toggle_command("speculative", "speculative", "run speculative decoding", ("spec",))
+_toggle_command("target_gen", "target_gen", "run the target alone, for comparison", ("target",))
+_toggle_command("drafter_gen", "drafter_gen", "run the drafter alone, for reference", ("drafter",))
+_toggle_command("cache", "use_cache", "use the KV cache in both models")
+_toggle_command("debug", "debug", "show every speculative step and the acceptance histogram")
+_toggle_command("chat", "chat", "chat template with history (off: raw text continuation)")
 
 
 @REGISTRY.command(
