@@ -20,3 +20,12 @@ def embedded_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
     path = os.environ.get("SPECREPL_TEST_CACHE_DIR") or str(tmp_path_factory.mktemp("cache"))
     os.environ["SPECREPL_CACHE_DIR"] = path
     return path
+
+
+@pytest.fixture(scope="session")
+def embedded_pair(embedded_cache_dir: str):
+    """The embedded SmolLM2-135M pair (fp32 target, bf16 drafter), loaded once."""
+    from specrepl.config import ModelSpec
+    from specrepl.models import load_pair
+
+    return load_pair("embedded", ModelSpec("embedded", dtype="bfloat16"))

@@ -306,11 +306,6 @@ def test_interrupted_conversion_leaves_no_copy(
 # -- the embedded pair --------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def embedded_pair(embedded_cache_dir: str) -> ModelPair:
-    return load_pair("embedded", ModelSpec("embedded", dtype="bfloat16"))
-
-
 @pytest.mark.embedded
 def test_embedded_pair(embedded_pair: ModelPair, embedded_cache_dir: str) -> None:
     pair = embedded_pair
