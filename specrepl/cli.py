@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
-from . import repl
+from . import bench, repl
 from .compatibility import IncompatibleTokenizersError
 from .config import (
     DTYPE_NAMES,
@@ -71,7 +71,18 @@ class Subcommand:
     run: Callable[[argparse.Namespace], int]
 
 
-SUBCOMMANDS: list[Subcommand] = []
+def _run_bench(args: argparse.Namespace) -> int:
+    return bench.run(args, Console(highlight=False))
+
+
+SUBCOMMANDS: list[Subcommand] = [
+    Subcommand(
+        "bench",
+        "measure speed against the peers on Spec-Bench prompts (bench --help)",
+        bench.add_arguments,
+        _run_bench,
+    ),
+]
 
 
 @dataclass(frozen=True)

@@ -282,3 +282,25 @@ def test_one_shot_json_on_the_embedded_pair(embedded_cache_dir: str) -> None:
     assert payload["speedup"] == pytest.approx(
         speculative["tokens_per_second"] / target["tokens_per_second"]
     )
+
+
+def test_bench_subcommand_runs_through_main(
+    config_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(
+        '{"question_id": 1, "category": "qa", "turns": ["w7 w8 w9"]}\n'
+        '{"question_id": 2, "category": "math", "turns": ["w10 w11 w10 w11"]}\n'
+    )
+    out_json = tmp_path / "bench.json"
+    code, out, _ = run_main(
+        [
+            "bench", "--config", str(config_file), "--prompts", str(prompts),
+            "--max-new-tokens", "6", "--gamma", "3", "--warmup", "0", "--json", str(out_json),
+        ],
+        capsys,
+    )  # fmt: skip
+    assert code == 0, out
+    report = json.loads(out_json.read_text())
+    assert len(report["prompts"]) == 2
+    assert "specrepl speculative" in out

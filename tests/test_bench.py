@@ -1,0 +1,407 @@
+"""The benchmark runner on tiny models: prompts, flags, figures, tables, JSON, chart."""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import math
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from specrepl import bench, bench_report
+from specrepl.bench import (
+    BenchError,
+    Benchmark,
+    BenchOptions,
+    BenchPrompt,
+    BenchReport,
+    GammaSpec,
+    load_prompts,
+    parse_gamma,
+    parse_sweep,
+    predict_from_steps,
+    predicted_speedup,
+    summarize,
+)
+from specrepl.gamma import expected_tokens
+from specrepl.models import ModelPair
+from specrepl.processors import MultinomialProcessor
+from specrepl.results import StepEvent
+from specrepl.testing import perturbed_copy, tiny_llama, tiny_tokenizer
+
+QUESTIONS = [
+    {"question_id": 1, "category": "writing", "turns": ["w10 w11 w12 w13", "second turn"]},
+    {"question_id": 2, "category": "writing", "turns": ["w20 w21 w20 w21 w20"]},
+    {"question_id": 3, "category": "writing", "turns": ["w9 w9 w9"]},
+    {"question_id": 4, "category": "summarization", "turns": ["w14 w15 w16 w14 w15 w16 w14"]},
+    {"question_id": 5, "category": "summarization", "turns": ["w30 w8 w30 w8"]},
+]
+
+
+@pytest.fixture(scope="module")
+def pair() -> ModelPair:
+    target = tiny_llama(32, seed=0)
+    return ModelPair.from_models(target, perturbed_copy(target, 0.1, seed=1), tiny_tokenizer(32))
+
+
+@pytest.fixture
+def prompts_file(tmp_path: Path) -> Path:
+    path = tmp_path / "questions.jsonl"
+    path.write_text("\n".join(json.dumps(item) for item in QUESTIONS) + "\n", encoding="utf-8")
+    return path
+
+
+def _console() -> Console:
+    return Console(file=io.StringIO(), width=160, record=True)
+
+
+# -- prompts ------------------------------------------------------------------
+
+
+def test_load_prompts_keeps_the_first_turn_in_file_order(prompts_file: Path) -> None:
+    prompts = load_prompts(prompts_file)
+    assert [prompt.question_id for prompt in prompts] == [1, 2, 3, 4, 5]
+    assert prompts[0] == BenchPrompt(1, "writing", "w10 w11 w12 w13")
+    assert prompts[3].key == "summarization/4"
+
+
+def test_limit_is_per_category_and_categories_filter(prompts_file: Path) -> None:
+    prompts = load_prompts(prompts_file, limit=1)
+    assert [prompt.question_id for prompt in prompts] == [1, 4]
+    prompts = load_prompts(prompts_file, categories=["summarization"], limit=5)
+    assert [prompt.question_id for prompt in prompts] == [4, 5]
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("{not json\n", "questions.jsonl:1: not valid JSON"),
+        ('{"question_id": 1, "category": "x"}\n', "missing turns"),
+        ('{"question_id": 1, "category": "x", "turns": []}\n', "turns must be a list"),
+        ("[1, 2]\n", "expected a JSON object"),
+        ("\n\n", "holds no prompts"),
+    ],
+)
+def test_malformed_prompt_files_are_refused_with_the_line(
+    tmp_path: Path, content: str, message: str
+) -> None:
+    path = tmp_path / "questions.jsonl"
+    path.write_text(content, encoding="utf-8")
+    with pytest.raises(BenchError, match=message):
+        load_prompts(path)
+
+
+def test_unknown_category_names_the_available_ones(prompts_file: Path) -> None:
+    with pytest.raises(BenchError, match="no prompts in category math; the file has: writing"):
+        load_prompts(prompts_file, categories=["math"])
+    with pytest.raises(BenchError, match="no such prompts file"):
+        load_prompts(prompts_file.parent / "missing.jsonl")
+
+
+def test_default_prompts_are_found_beside_the_checkout(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    found, looked = bench.default_prompts_path(repo, cwd=repo)
+    assert found is None
+    assert (tmp_path / "shared" / "benchmarks" / "spec_bench.jsonl").resolve() == looked[0]
+    looked[0].parent.mkdir(parents=True)
+    looked[0].write_text("", encoding="utf-8")
+    assert bench.default_prompts_path(repo, cwd=repo)[0] == looked[0]
+
+
+# -- flag values ----------------------------------------------------------------
+
+
+def test_parse_gamma() -> None:
+    assert parse_gamma(None, 4) == GammaSpec("fixed", 4)
+    assert parse_gamma("6", 4) == GammaSpec("fixed", 6)
+    assert parse_gamma(3, 4) == GammaSpec("fixed", 3)
+    assert parse_gamma("auto", 4) == GammaSpec("auto", 4)
+    assert parse_gamma("Auto:8", 4) == GammaSpec("auto", 8)
+    assert parse_gamma("fixed:2", 4).build().next_gamma() == 2
+    assert parse_gamma("confidence", 5).build().min_confidence > 0
+    for bad in ("fast", "auto:x", "0", "auto:999"):
+        with pytest.raises(BenchError, match="--gamma"):
+            parse_gamma(bad, 4)
+
+
+def test_parse_sweep() -> None:
+    assert parse_sweep("1-4") == (1, 2, 3, 4)
+    assert parse_sweep("6, 2,1-2") == (1, 2, 6)
+    assert parse_sweep(None) == ()
+    for bad in ("4-1", "a-b", "0-3", "1-100"):
+        with pytest.raises(BenchError, match="--gamma-sweep"):
+            parse_sweep(bad)
+
+
+# -- the prediction ------------------------------------------------------------
+
+
+def _step(gamma: int, accepted: int, draft: float, target: float) -> StepEvent:
+    appended = tuple(range(min(accepted + 1, gamma + 1)))
+    return StepEvent((0,) * gamma, accepted, appended, draft, target, 0.0, gamma)
+
+
+def test_predicted_speedup_is_the_papers_formula() -> None:
+    assert predicted_speedup(0.8, 4, 0.5, 1.2) == pytest.approx(
+        (1 - 0.8**5) / (1 - 0.8) / (4 * 0.5 + 1.2)
+    )
+    assert predicted_speedup(1.0, 3, 0.0, 1.0) == 4.0
+    assert predicted_speedup(0.0, 3, 0.1, 1.0) == pytest.approx(1 / 1.3)
+
+
+def test_prediction_from_steps_uses_the_same_runs_costs() -> None:
+    # target-only: a prefill step, then 0.1 s per one-token step
+    target = [_step(0, 0, 0.0, 0.9), *(_step(0, 0, 0.0, 0.1) for _ in range(5))]
+    # speculative, gamma 4: 0.02 s per draft, 0.12 s per verification, 3 of 4 accepted
+    speculative = [_step(4, 3, 0.5, 0.9), *(_step(4, 3, 0.08, 0.12) for _ in range(4))]
+    prediction = predict_from_steps(speculative, target)
+    assert prediction is not None
+    assert prediction.alpha == pytest.approx(15 / 20)  # 15 accepted, 5 rejections
+    assert prediction.draft_cost == pytest.approx(0.2)
+    assert prediction.verify_cost == pytest.approx(1.2)
+    assert prediction.mean_gamma == 4
+    assert prediction.speedup == pytest.approx(predicted_speedup(0.75, 4, 0.2, 1.2))
+    # a policy that varies gamma: expected tokens are averaged step by step
+    varying = [_step(2, 2, 0.1, 0.5), _step(2, 2, 0.04, 0.11), _step(6, 3, 0.12, 0.13)]
+    prediction = predict_from_steps(varying, target)
+    assert prediction is not None
+    a = 7 / 8  # the gamma-2 steps were accepted in full: one rejection in all
+    tokens = (expected_tokens(a, 2) + expected_tokens(a, 6)) / 2
+    assert prediction.speedup == pytest.approx(tokens / (4 * (0.16 / 8 / 0.1) + 1.2))
+    assert predict_from_steps(speculative[:1], target) is None
+
+
+# -- running methods on tiny models ----------------------------------------------
+
+
+def test_benchmark_greedy_with_peers_and_sweep(pair: ModelPair, prompts_file: Path) -> None:
+    prompts = load_prompts(prompts_file, limit=2)
+    options = BenchOptions(
+        max_new_tokens=12, gamma=GammaSpec("fixed", 3), peers=("hf",), sweep=(1, 2), warmup=1
+    )
+    benchmark = Benchmark(pair, options)
+    names = [method.name for method in benchmark.methods]
+    assert names == [
+        "target",
+        "speculative",
+        "speculative_g1",
+        "speculative_g2",
+        "hf_generate",
+        "hf_assisted",
+        "hf_assisted_matched",
+        "hf_lookup",
+    ]
+    seen: list[tuple[int, int, str]] = []
+    records = benchmark.run(prompts, lambda done, total, what: seen.append((done, total, what)))
+    assert len(records) == 4
+    assert seen[-1] == (benchmark.total_runs(prompts),) * 2 + ("done",)
+    assert records[0].order == names and records[1].order == names[::-1]  # alternating
+    for record in records:
+        target = record.runs["target"]
+        assert 1 <= target.new_tokens <= 12
+        for name, run in record.runs.items():
+            assert run.seconds > 0
+            assert run.tokens_per_second == pytest.approx(run.new_tokens / run.seconds)
+            if name != "target":
+                assert run.identical, (record.prompt.key, name, run.first_mismatch)
+                assert run.token_ids == target.token_ids
+        speculative = record.runs["speculative"]
+        assert speculative.drafted is not None and speculative.drafted > 0
+        assert speculative.acceptance is not None and 0 <= speculative.acceptance <= 1
+        assert speculative.other_seconds is not None
+        assert record.runs["hf_generate"].acceptance is None
+    # the matched assistant's settings were put back after every run
+    assert pair.drafter is not None
+    assert pair.drafter.model.generation_config.num_assistant_tokens is None
+
+    summary = summarize(records, benchmark.methods)
+    assert list(summary) == ["writing", "summarization", "overall"]
+    overall = summary["overall"]
+    assert overall["target"].speedup_vs_target == pytest.approx(1.0)
+    assert overall["hf_generate"].speedup_vs_hf == pytest.approx(1.0)
+    assert overall["speculative"].identical == overall["speculative"].compared == 4
+    assert overall["speculative"].acceptance is not None
+    shares = overall["speculative"]
+    assert shares.draft_share + shares.target_share + shares.other_share == pytest.approx(
+        1.0, abs=1e-6
+    )
+    assert summary["writing"]["speculative"].prompts == 2
+
+    report = BenchReport.build(benchmark, config={"config_file": None})
+    payload = json.loads(json.dumps(report.to_dict(), allow_nan=False))
+    assert payload["schema"] == "specrepl-bench/1"
+    assert payload["machine"]["torch_threads"] >= 1 and payload["machine"]["cpu"]
+    assert set(payload["versions"]) == {"specrepl", "torch", "transformers"}
+    assert payload["config"]["gamma"] == {"policy": "fixed", "value": 3}
+    assert [point["gamma"] for point in payload["gamma_sweep"]] == [1, 2]
+    first = payload["prompts"][0]
+    assert first["category"] == "writing" and first["question_id"] == 1
+    assert first["methods"]["speculative"]["identical_to_target"] is True
+    assert (
+        first["methods"]["hf_assisted_matched"]["new_tokens"]
+        == first["methods"]["target"]["new_tokens"]
+    )
+    matched = next(m for m in payload["methods"] if m["name"] == "hf_assisted_matched")
+    assert matched["settings"]["assistant_generation_config"] == {
+        "num_assistant_tokens": 3,
+        "num_assistant_tokens_schedule": "constant",
+        "assistant_confidence_threshold": 0.0,
+    }
+
+    console = _console()
+    bench_report.render_report(report, console)
+    text = console.export_text()
+    for expected in ("writing (2 prompts)", "overall (4 prompts)", "gamma sweep", "4/4"):
+        assert expected in text
+    assert "differ from specrepl target-only" not in text
+
+
+@pytest.mark.parametrize("kind", ["ngram", "lookup"])
+def test_deterministic_drafters_and_sampling(pair: ModelPair, prompts_file: Path, kind) -> None:
+    prompts = load_prompts(prompts_file, categories=["summarization"], limit=1)
+    greedy = Benchmark(pair, BenchOptions(max_new_tokens=10, drafter_kind=kind, warmup=0))
+    (record,) = greedy.run(prompts)
+    assert record.runs["speculative"].identical
+    sampled = Benchmark(
+        pair,
+        BenchOptions(
+            max_new_tokens=10,
+            drafter_kind=kind,
+            processor=MultinomialProcessor(0.8),
+            peers=("hf",),
+            warmup=0,
+        ),
+    )
+    (record,) = sampled.run(prompts)
+    assert all(run.identical is None for run in record.runs.values())
+    assert sampled.hf_options["do_sample"] is True
+    assert sampled.hf_options["top_k"] == 0 and sampled.hf_options["top_p"] == 1.0
+
+
+def test_mismatches_are_reported_not_hidden(pair: ModelPair, prompts_file: Path) -> None:
+    prompts = load_prompts(prompts_file, limit=1)
+    benchmark = Benchmark(pair, BenchOptions(max_new_tokens=8, warmup=0))
+    records = benchmark.run(prompts)
+    broken = records[0].runs["speculative"]
+    broken.token_ids = [*broken.token_ids[:2], 31, *broken.token_ids[3:]]
+    broken.first_mismatch, broken.identical = 2, False
+    report = BenchReport.build(benchmark)
+    assert report.summary["overall"]["speculative"].identical == 1
+    console = _console()
+    bench_report.render_report(report, console)
+    text = console.export_text()
+    assert "1 greedy output(s) differ" in text
+    assert "writing/1 speculative: first difference at token 2" in text
+
+
+def test_model_drafter_needs_a_drafter_model(pair: ModelPair) -> None:
+    alone = ModelPair.from_models(pair.target.model, None, pair.tokenizer)
+    with pytest.raises(BenchError, match="needs a drafter model"):
+        Benchmark(alone, BenchOptions(drafter_kind="model"))
+    methods = Benchmark(alone, BenchOptions(drafter_kind="lookup", peers=("hf",))).methods
+    assert [method.name for method in methods] == [
+        "target",
+        "speculative",
+        "hf_generate",
+        "hf_lookup",
+    ]
+
+
+# -- the command ------------------------------------------------------------------
+
+
+def _parse(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    bench.add_arguments(parser)
+    return parser.parse_args(list(argv))
+
+
+def test_flags_shared_with_the_main_parser_do_not_overwrite_it() -> None:
+    main = argparse.ArgumentParser()
+    main.add_argument("--gamma", type=int)
+    main.add_argument("--json", action="store_true")
+    sub = main.add_subparsers(dest="command")
+    bench.add_arguments(sub.add_parser("bench"))
+    args = main.parse_args(["--gamma", "5", "bench", "--json", "out.json"])
+    assert args.gamma == 5 and args.json_out == "out.json"
+    args = main.parse_args(["bench", "--gamma", "auto:6"])
+    assert args.gamma == "auto:6"
+
+
+def test_run_end_to_end(pair: ModelPair, prompts_file: Path, tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    args = _parse(
+        "--prompts",
+        str(prompts_file),
+        "--limit",
+        "1",
+        "--max-new-tokens",
+        "8",
+        "--peers",
+        "hf",
+        "--gamma",
+        "auto:4",
+        "--gamma-sweep",
+        "1-2",
+        "--warmup",
+        "1",
+        "--json",
+        str(out),
+    )
+    console = _console()
+    assert bench.run(args, console, pair=pair) == 0
+    text = console.export_text()
+    assert "speculative (model, γ auto≤4)" in text
+    assert "summarization (1 prompt)" in text
+    payload = json.loads(out.read_text(encoding="utf-8"))
+    assert payload["config"]["prompts_file"] == str(prompts_file)
+    assert payload["config"]["max_new_tokens"] == 8
+    assert len(payload["prompts"]) == 2
+    for record in payload["prompts"]:
+        for figures in record["methods"].values():
+            assert figures["new_tokens"] == len(figures["token_ids"])
+            assert math.isfinite(figures["seconds"])
+
+
+def test_run_chart(pair: ModelPair, prompts_file: Path, tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    chart = tmp_path / "chart.png"
+    flags = "--limit 1 --max-new-tokens 6 --peers hf --gamma-sweep 1-2 --warmup 0"
+    args = _parse("--prompts", str(prompts_file), "--chart", str(chart), *flags.split())
+    assert bench.run(args, _console(), pair=pair) == 0
+    assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--prompts", "{missing}"], "no such prompts file"),
+        (["--categories", "math"], "no prompts in category math"),
+        (["--gamma", "quick"], "--gamma"),
+        (["--gamma-sweep", "8-1"], "--gamma-sweep"),
+        (["--max-new-tokens", "0"], "max_new_tokens must be"),
+        (["--warmup", "-1"], "--warmup must be >= 0"),
+    ],
+)
+def test_run_refuses_bad_input_before_loading(
+    prompts_file: Path, argv: list[str], message: str
+) -> None:
+    argv = [part.replace("{missing}", str(prompts_file.parent / "nope.jsonl")) for part in argv]
+    if "--prompts" not in argv:
+        argv = ["--prompts", str(prompts_file), *argv]
+    console = _console()
+    assert bench.run(_parse(*argv), console) == 2  # no pair: it would load one if it got that far
+    assert message in console.export_text()
+
+
+def test_chart_needs_matplotlib(monkeypatch, prompts_file: Path, tmp_path: Path) -> None:
+    monkeypatch.setattr(bench_report.importlib.util, "find_spec", lambda name: None)
+    assert "pip install matplotlib==" in (bench_report.chart_unavailable() or "")
+    console = _console()
+    args = _parse("--prompts", str(prompts_file), "--chart", str(tmp_path / "c.png"))
+    assert bench.run(args, console) == 2
+    assert "needs matplotlib" in console.export_text()
