@@ -23,6 +23,17 @@ def embedded_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 @pytest.fixture(scope="session")
+def pair():
+    """A tiny seeded pair (vocabulary 32) whose drafter agrees with the target
+    often but not always, with a word-level chat tokenizer."""
+    from specrepl.models import ModelPair
+    from specrepl.testing import perturbed_copy, tiny_llama, tiny_tokenizer
+
+    target = tiny_llama(32, seed=4)
+    return ModelPair.from_models(target, perturbed_copy(target, 0.3, seed=2), tiny_tokenizer(32))
+
+
+@pytest.fixture(scope="session")
 def embedded_pair(embedded_cache_dir: str):
     """The embedded SmolLM2-135M pair (fp32 target, bf16 drafter), loaded once."""
     from specrepl.config import ModelSpec

@@ -27,13 +27,6 @@ from specrepl.processors import PROCESSORS
 from specrepl.render import Renderer
 from specrepl.session import ChatSession
 from specrepl.settings import GAMMA_MAX, Settings
-from specrepl.testing import perturbed_copy, tiny_llama, tiny_tokenizer
-
-
-@pytest.fixture(scope="module")
-def pair() -> ModelPair:
-    target = tiny_llama(32, seed=4)
-    return ModelPair.from_models(target, perturbed_copy(target, 0.3, seed=2), tiny_tokenizer(32))
 
 
 @pytest.fixture

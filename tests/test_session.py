@@ -18,15 +18,9 @@ from specrepl.session import (
     SessionEvent,
 )
 from specrepl.settings import Settings
-from specrepl.testing import perturbed_copy, tiny_llama, tiny_tokenizer
+from specrepl.testing import tiny_llama, tiny_tokenizer
 
 PROMPT = "w7 w8 w9"
-
-
-@pytest.fixture(scope="module")
-def pair() -> ModelPair:
-    target = tiny_llama(32, seed=4)
-    return ModelPair.from_models(target, perturbed_copy(target, 0.3, seed=2), tiny_tokenizer(32))
 
 
 def new_session(pair: ModelPair, **settings: Any) -> ChatSession:
