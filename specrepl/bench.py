@@ -541,6 +541,11 @@ class MethodRun:
             "drafts_per_step": (
                 [event.gamma for event in self.events] if self.drafted is not None else None
             ),
+            "requested_gamma_per_step": (
+                [event.requested_gamma for event in self.events]
+                if self.drafted is not None
+                else None
+            ),
             "token_ids": list(self.token_ids),
         }
 
@@ -1318,8 +1323,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--drafter-kind",
         choices=DRAFTER_KINDS,
-        help="model (the config's drafter), ngram or lookup "
-        "(default: the config's drafter kind)",
+        help="model (the config's drafter), ngram or lookup (default: the config's drafter kind)",
     )
     parser.add_argument(
         "--peers", choices=PEERS, help="hf: also time transformers generate() and its drafters"
