@@ -1157,19 +1157,6 @@ def versions() -> dict[str, str]:
     }
 
 
-def _model_info(pair: ModelPair, role: Literal["target", "drafter"]) -> dict[str, Any] | None:
-    loaded = pair.target if role == "target" else pair.drafter
-    if loaded is None:
-        return None
-    return {
-        "name": loaded.name,
-        "kind": loaded.kind,
-        "dtype": str(loaded.dtype).removeprefix("torch."),
-        "quantization": loaded.quantization,
-        "parameters": loaded.parameters,
-    }
-
-
 @dataclass
 class BenchReport:
     """Everything one benchmark produced, ready for the tables, the chart and JSON."""
@@ -1204,8 +1191,8 @@ class BenchReport:
             config={
                 **(config or {}),
                 **benchmark.options.to_dict(),
-                "target": _model_info(pair, "target"),
-                "drafter": _model_info(pair, "drafter"),
+                "target": pair.target.to_dict(),
+                "drafter": pair.drafter.to_dict() if pair.drafter else None,
                 "eos_token_ids": list(pair.eos_token_ids),
                 "vocab_size": pair.vocab_size,
             },

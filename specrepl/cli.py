@@ -39,7 +39,7 @@ from .session import ChatSession
 from .settings import SettingError, Settings
 
 if TYPE_CHECKING:
-    from .models import LoadedModel, ModelPair
+    from .models import ModelPair
     from .session import Answer
 
 __all__ = [
@@ -278,21 +278,6 @@ def load_models(config: AppConfig, renderer: Renderer) -> ChatSession:
     return session
 
 
-def _model_info(model: LoadedModel | None) -> dict[str, Any] | None:
-    if model is None:
-        return None
-    return {
-        "name": model.name,
-        "kind": model.kind,
-        "dtype": str(model.dtype).removeprefix("torch."),
-        "quantization": model.quantization,
-        "parameters": model.parameters,
-        "memory_bytes": model.memory_bytes,
-        "load_seconds": model.load_seconds,
-        "from_cache": model.from_cache,
-    }
-
-
 def one_shot_payload(config: AppConfig, pair: ModelPair, answer: Answer) -> dict[str, Any]:
     """The `--json` object: the config used, one record per run, the speedup."""
     return {
@@ -300,8 +285,8 @@ def one_shot_payload(config: AppConfig, pair: ModelPair, answer: Answer) -> dict
             **answer.settings.as_dict(),
             "config_file": None if config.path is None else str(config.path),
             "device": str(pair.device),
-            "target": _model_info(pair.target),
-            "drafter": _model_info(pair.drafter),
+            "target": pair.target.to_dict(),
+            "drafter": pair.drafter.to_dict() if pair.drafter else None,
             "prompt_mode": answer.mode,
             "prompt_tokens": answer.prompt_tokens,
         },

@@ -136,6 +136,19 @@ class LoadedModel:
     def logits_width(self) -> int:
         return logits_width(self.model)
 
+    def to_dict(self) -> dict[str, Any]:
+        """What was loaded, JSON-ready (for --json output and benchmark reports)."""
+        return {
+            "name": self.name,
+            "kind": self.kind,
+            "dtype": str(self.dtype).removeprefix("torch."),
+            "quantization": self.quantization,
+            "parameters": self.parameters,
+            "memory_bytes": self.memory_bytes,
+            "load_seconds": self.load_seconds,
+            "from_cache": self.from_cache,
+        }
+
     def describe(self) -> str:
         """One line: name, kind, dtype, quantization, parameters and memory."""
         dtype = str(self.dtype).removeprefix("torch.")

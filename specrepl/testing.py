@@ -7,6 +7,10 @@ application imports this module.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
 import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
@@ -91,3 +95,21 @@ def perturbed_copy(model: LlamaForCausalLM, noise: float, *, seed: int = 0) -> L
                 torch.randn(parameter.shape, generator=generator) * noise * parameter.std()
             )
     return copy.eval()
+
+
+@contextmanager
+def interrupt_on_call(model: torch.nn.Module, call: int) -> Iterator[None]:
+    """Raise KeyboardInterrupt (as Ctrl-C would) in the model's `call`-th forward pass, once."""
+    calls = 0
+
+    def hook(module: torch.nn.Module, args: Any, output: Any) -> None:
+        nonlocal calls
+        calls += 1
+        if calls == call:
+            raise KeyboardInterrupt
+
+    handle = model.register_forward_hook(hook)
+    try:
+        yield
+    finally:
+        handle.remove()

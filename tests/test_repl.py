@@ -4,13 +4,10 @@ from __future__ import annotations
 
 import io
 import stat
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 from prompt_toolkit.completion import CompleteEvent
 from prompt_toolkit.document import Document
 from prompt_toolkit.input import create_pipe_input
@@ -30,6 +27,7 @@ from specrepl.repl import (
 )
 from specrepl.session import ChatSession
 from specrepl.settings import Settings
+from specrepl.testing import interrupt_on_call
 
 
 @pytest.fixture
@@ -40,24 +38,6 @@ def session(pair: ModelPair) -> ChatSession:
 def recorded(**options: Any) -> tuple[Renderer, Console]:
     console = Console(file=io.StringIO(), width=100, record=True, **options)
     return Renderer(console), console
-
-
-@contextmanager
-def interrupt_on_call(model: torch.nn.Module, call: int) -> Iterator[None]:
-    """Raise KeyboardInterrupt (as Ctrl-C would) in the model's `call`-th forward pass, once."""
-    calls = 0
-
-    def hook(module: torch.nn.Module, args: Any, output: Any) -> None:
-        nonlocal calls
-        calls += 1
-        if calls == call:
-            raise KeyboardInterrupt
-
-    handle = model.register_forward_hook(hook)
-    try:
-        yield
-    finally:
-        handle.remove()
 
 
 def test_scripted_terminal_session(session: ChatSession, tmp_path: Path) -> None:

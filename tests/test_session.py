@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import pytest
-import torch
 
 from specrepl.models import ModelPair
 from specrepl.session import (
@@ -18,31 +15,13 @@ from specrepl.session import (
     SessionEvent,
 )
 from specrepl.settings import Settings
-from specrepl.testing import tiny_llama, tiny_tokenizer
+from specrepl.testing import interrupt_on_call, tiny_llama, tiny_tokenizer
 
 PROMPT = "w7 w8 w9"
 
 
 def new_session(pair: ModelPair, **settings: Any) -> ChatSession:
     return ChatSession(pair, Settings(**{"max_new_tokens": 10, **settings}))
-
-
-@contextmanager
-def interrupt_on_call(model: torch.nn.Module, call: int) -> Iterator[None]:
-    """Raise KeyboardInterrupt (as Ctrl-C would) inside the model's `call`-th forward pass."""
-    calls = 0
-
-    def hook(module: torch.nn.Module, args: Any, output: Any) -> None:
-        nonlocal calls
-        calls += 1
-        if calls == call:
-            raise KeyboardInterrupt
-
-    handle = model.register_forward_hook(hook)
-    try:
-        yield
-    finally:
-        handle.remove()
 
 
 def test_chat_prompt_uses_the_template_with_system_prompt_and_history(pair: ModelPair) -> None:
