@@ -98,15 +98,20 @@ def _category_table(report: BenchReport, category: str) -> Table:
             row.append(_times(summary.speedup_vs_hf))
         if report.options.greedy:
             row.append(_identical(summary, method))
-        row += [
-            _percent(summary.acceptance),
-            _number(summary.alpha, 2),
-            _number(summary.mean_accepted_length, 2),
-            _times(summary.predicted_speedup),
-            _number(summary.measured_over_predicted, 2),
-        ]
+        row += _acceptance_cells(summary)
         table.add_row(*row)
     return table
+
+
+def _acceptance_cells(summary: MethodSummary) -> list[str]:
+    """Acceptance, alpha, tokens per step, predicted and measured/predicted."""
+    return [
+        _percent(summary.acceptance),
+        _number(summary.alpha, 2),
+        _number(summary.mean_accepted_length, 2),
+        _times(summary.predicted_speedup),
+        _number(summary.measured_over_predicted, 2),
+    ]
 
 
 def _time_split_table(report: BenchReport) -> Table:
@@ -152,13 +157,7 @@ def _sweep_table(report: BenchReport) -> Table:
         row.append(_times(summary.speedup_vs_target))
         if report.has_hf:
             row.append(_times(summary.speedup_vs_hf))
-        row += [
-            _percent(summary.acceptance),
-            _number(summary.alpha, 2),
-            _number(summary.mean_accepted_length, 2),
-            _times(summary.predicted_speedup),
-            _number(summary.measured_over_predicted, 2),
-        ]
+        row += _acceptance_cells(summary)
         table.add_row(*row)
     return table
 
