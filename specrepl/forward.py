@@ -9,7 +9,8 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from .kv_cache import cached_length
+from .kv_cache import cached_length, rollback_to
+from .widths import padded_width
 
 
 def logits_width(model: PreTrainedModel) -> int:
@@ -51,16 +52,30 @@ def forward_logits(
     With a cache, only the tokens it does not hold yet are fed (positions come
     from the cache's length); without one the whole sequence is recomputed.
     Logits beyond `vocab_size` (padding rows of the output layer) are dropped.
+    A model with a width plan (`widths.py`) is fed extra copies of the last
+    token when a wider pass is cheaper; they never reach the cache or the result.
     """
     start = cached_length(cache)
-    if start >= sequence.shape[0]:
+    length = sequence.shape[0]
+    if start >= length:
         raise RuntimeError(
-            f"cache holds {start} tokens but the sequence has {sequence.shape[0]}: nothing to feed"
+            f"cache holds {start} tokens but the sequence has {length}: nothing to feed"
         )
+    fed = sequence[start:]
+    pad = 0
+    if cache is not None:
+        width = padded_width(model, length - start)
+        limit = context_length(model)
+        if limit is None or start + width <= limit:
+            pad = width - (length - start)
+    if pad:  # a wider pass is cheaper here (see widths.py); the padding is cut off again
+        fed = torch.cat((fed, fed[-1:].expand(pad)))
     output = model(
-        input_ids=sequence[start:].unsqueeze(0),
+        input_ids=fed.unsqueeze(0),
         past_key_values=cache,
         use_cache=cache is not None,
-        logits_to_keep=keep,
+        logits_to_keep=keep + pad,
     )
-    return output.logits[0, -keep:, :vocab_size]
+    if pad:
+        rollback_to(cache, length)
+    return output.logits[0, -(keep + pad) : output.logits.shape[1] - pad, :vocab_size]

@@ -1,0 +1,144 @@
+"""Forward widths: feed a model a few more tokens when that is cheaper.
+
+A speculative step feeds the target 1 + k new tokens. On CPUs the cost of a
+forward pass need not grow with that width: the matrix kernels change with the
+number of rows, and on the 2-core machine this project is measured on, the
+embedded float32 target took 58, 97, 119, 89 and 81 ms for widths 1 to 5. A
+width plan, measured once per model, maps each width to the cheapest width at
+least as large; `forward.forward_logits` then pads the fed tokens up to it,
+keeps the logits of the real positions and crops the padding out of the cache
+again. Causal attention means the padding cannot change the real positions'
+logits (beyond the rounding any change of kernel brings).
+
+This module times models and keeps their plans; it knows nothing about
+drafting or acceptance.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+import weakref
+from dataclasses import dataclass
+
+import torch
+from transformers import PreTrainedModel
+
+from .kv_cache import new_cache, rollback_to
+
+__all__ = [
+    "WidthPlan",
+    "clear_width_plan",
+    "measure_widths",
+    "padded_width",
+    "plan_widths",
+    "set_width_plan",
+    "tune_pair_widths",
+    "tune_widths",
+    "width_plan",
+]
+
+
+@dataclass(frozen=True)
+class WidthPlan:
+    """Measured forward seconds per width, and the width each width is padded to."""
+
+    seconds: dict[int, float]
+    padded: dict[int, int]
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "ms_per_width": {w: round(s * 1e3, 2) for w, s in sorted(self.seconds.items())},
+            "padded": {w: p for w, p in sorted(self.padded.items()) if p != w},
+        }
+
+
+_PLANS: weakref.WeakKeyDictionary[PreTrainedModel, WidthPlan] = weakref.WeakKeyDictionary()
+
+
+def set_width_plan(model: PreTrainedModel, plan: WidthPlan) -> None:
+    _PLANS[model] = plan
+
+
+def clear_width_plan(model: PreTrainedModel) -> None:
+    _PLANS.pop(model, None)
+
+
+def width_plan(model: PreTrainedModel) -> WidthPlan | None:
+    return _PLANS.get(model)
+
+
+def padded_width(model: PreTrainedModel, width: int) -> int:
+    """The width to feed instead of `width` (itself when there is no plan)."""
+    plan = _PLANS.get(model)
+    if plan is None:
+        return width
+    return plan.padded.get(width, width)
+
+
+@torch.no_grad()
+def measure_widths(
+    model: PreTrainedModel,
+    max_width: int,
+    *,
+    context: int = 48,
+    repeats: int = 5,
+    seed: int = 0,
+) -> dict[int, float]:
+    """Median seconds of one cached forward pass feeding 1..max_width tokens
+    after `context` cached tokens. Widths are timed in rotating order so that
+    a slow spell of the machine does not land on one width."""
+    if max_width < 1:
+        raise ValueError(f"max_width must be >= 1, got {max_width}")
+    device = next(model.parameters()).device
+    vocab = int(model.config.get_text_config().vocab_size)
+    generator = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(0, vocab, (context + max_width,), generator=generator).to(device)
+    cache = new_cache(model)
+    model(input_ids=tokens[None, :context], past_key_values=cache, use_cache=True, logits_to_keep=1)
+    timings: dict[int, list[float]] = {w: [] for w in range(1, max_width + 1)}
+    widths = list(timings)
+    for round_index in range(repeats + 1):  # the first round warms the kernels up
+        shift = round_index % len(widths)
+        for width in widths[shift:] + widths[:shift]:
+            fed = tokens[None, context : context + width]
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            start = time.perf_counter()
+            model(input_ids=fed, past_key_values=cache, use_cache=True, logits_to_keep=width)
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            elapsed = time.perf_counter() - start
+            rollback_to(cache, context)
+            if round_index:
+                timings[width].append(elapsed)
+    return {w: statistics.median(times) for w, times in timings.items()}
+
+
+def plan_widths(seconds: dict[int, float], *, margin: float = 0.9) -> WidthPlan:
+    """Pad a width to the cheapest larger measured width when that costs less
+    than `margin` times its own time (a clear win, not noise)."""
+    padded: dict[int, int] = {}
+    for width, cost in seconds.items():
+        larger = [(seconds[w], w) for w in seconds if w > width]
+        best_cost, best = min(larger, default=(cost, width))
+        padded[width] = best if best_cost < margin * cost else width
+    return WidthPlan(seconds=dict(seconds), padded=padded)
+
+
+def tune_widths(model: PreTrainedModel, max_width: int, **measure: int) -> WidthPlan:
+    """Measure `model` and install its plan (used by every later forward pass)."""
+    plan = plan_widths(measure_widths(model, max_width, **measure))
+    set_width_plan(model, plan)
+    return plan
+
+
+def tune_pair_widths(pair: object, max_gamma: int) -> dict[str, WidthPlan]:
+    """Tune the target and, when it is a different model, the drafter of a
+    model pair (anything with `.target.model` and an optional `.drafter.model`)
+    for widths up to max_gamma + 1; returns the plans by role."""
+    models = {"target": pair.target.model}  # type: ignore[attr-defined]
+    drafter = getattr(pair, "drafter", None)
+    if drafter is not None and drafter.model is not models["target"]:
+        models["drafter"] = drafter.model
+    return {role: tune_widths(model, max_gamma + 1) for role, model in models.items()}

@@ -1,0 +1,97 @@
+"""Width plans: padding a forward pass changes nothing but its cost."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specrepl.drafters import NgramDrafter
+from specrepl.forward import forward_logits
+from specrepl.generation import autoregressive_generate, speculative_generate
+from specrepl.kv_cache import cached_length, new_cache
+from specrepl.processors import TopKProcessor
+from specrepl.testing import perturbed_copy, tiny_llama
+from specrepl.widths import (
+    WidthPlan,
+    clear_width_plan,
+    measure_widths,
+    plan_widths,
+    set_width_plan,
+    width_plan,
+)
+
+PROMPTS = ([1, 5, 9, 12], [1, 17, 4, 30, 8, 8, 2, 11], [7])
+# every width up to 8 padded to a larger one: the widest rewrite a plan can make
+EVERYTHING_PADDED = WidthPlan(seconds={}, padded={w: min(w + 3, 9) for w in range(1, 9)})
+
+
+@pytest.fixture()
+def target():
+    model = tiny_llama(32, seed=0)
+    yield model
+    clear_width_plan(model)
+
+
+def test_plan_pads_only_to_a_clearly_cheaper_larger_width() -> None:
+    plan = plan_widths({1: 58.0, 2: 97.0, 3: 119.0, 4: 89.0, 5: 81.0, 6: 94.0})
+    # 4 -> 5 would save only 9%: within the margin, 4 stays
+    assert plan.padded == {1: 1, 2: 5, 3: 5, 4: 4, 5: 5, 6: 6}
+    assert plan.to_dict()["padded"] == {2: 5, 3: 5}
+
+
+def test_padded_forward_gives_the_same_logits_and_cache(target) -> None:
+    sequence = torch.tensor([1, 17, 4, 30, 8, 8, 2, 11, 3])
+    plain_cache, padded_cache = new_cache(target), new_cache(target)
+    forward_logits(target, sequence[:6], plain_cache, 1, 32)
+    forward_logits(target, sequence[:6], padded_cache, 1, 32)
+    expected = forward_logits(target, sequence, plain_cache, 3, 32)
+    set_width_plan(target, EVERYTHING_PADDED)
+    padded = forward_logits(target, sequence, padded_cache, 3, 32)
+    assert padded.shape == expected.shape == (3, 32)
+    torch.testing.assert_close(padded, expected)
+    assert cached_length(padded_cache) == cached_length(plain_cache) == 9
+
+
+def test_no_padding_past_the_context() -> None:
+    model = tiny_llama(32, seed=0, max_position_embeddings=8)
+    set_width_plan(model, EVERYTHING_PADDED)
+    cache = new_cache(model)
+    logits = forward_logits(model, torch.arange(1, 8), cache, 2, 32)  # 7 + 3 > 8
+    assert logits.shape == (2, 32) and cached_length(cache) == 7
+
+
+@pytest.mark.parametrize("gamma", [1, 2, 3, 5])
+def test_greedy_speculative_with_padding_equals_the_target(target, gamma) -> None:
+    references = [autoregressive_generate(p, target, max_gen_len=24).token_ids for p in PROMPTS]
+    drafter = perturbed_copy(target, 0.1, seed=1)
+    set_width_plan(target, EVERYTHING_PADDED)
+    set_width_plan(drafter, EVERYTHING_PADDED)
+    for prompt, reference in zip(PROMPTS, references, strict=True):
+        for draft_with in (drafter, NgramDrafter(3)):
+            result = speculative_generate(prompt, draft_with, target, gamma=gamma, max_gen_len=24)
+            assert result.token_ids == reference
+
+
+def test_seeded_sampling_with_padding_is_unchanged(target) -> None:
+    drafter = perturbed_copy(target, 0.1, seed=1)
+
+    def sample() -> list[int]:
+        return speculative_generate(
+            PROMPTS[1],
+            drafter,
+            target,
+            gamma=3,
+            max_gen_len=24,
+            logits_processor=TopKProcessor(temperature=0.9, top_k=8),
+            generator=torch.Generator().manual_seed(7),
+        ).token_ids
+
+    plain = sample()
+    set_width_plan(target, EVERYTHING_PADDED)
+    assert sample() == plain
+
+
+def test_measure_widths_times_every_width(target) -> None:
+    seconds = measure_widths(target, 4, context=6, repeats=1)
+    assert sorted(seconds) == [1, 2, 3, 4] and all(s > 0 for s in seconds.values())
+    assert width_plan(target) is None  # measuring alone installs nothing
