@@ -53,29 +53,51 @@ class Drafter(Protocol):
         A drafter with distributions stops early when its most likely next
         token has probability below `min_confidence`; others ignore it."""
 
-    def update(self, sequence: torch.Tensor, valid_length: int) -> None:
+    def update(
+        self,
+        sequence: torch.Tensor,
+        valid_length: int,
+        target_logits: torch.Tensor | None = None,
+    ) -> None:
         """After verification: `sequence` is the new context; its first
-        `valid_length` tokens are ones the drafter already saw unchanged."""
+        `valid_length` tokens are ones the drafter already saw unchanged.
+
+        `target_logits` (rows, vocab), when given, are the target's raw logits
+        for the last `rows` tokens of `sequence`: row i is the target's view of
+        the token at position len(sequence) - rows + i, given the tokens before it."""
 
 
 class ModelDrafter:
     """A small causal LM that shares the target's tokenizer (or a cheaper copy of the target)."""
 
     def __init__(
-        self, model: PreTrainedModel, *, use_cache: bool = True, name: str = "model"
+        self,
+        model: PreTrainedModel,
+        *,
+        use_cache: bool = True,
+        name: str = "model",
+        window: int | None = None,
     ) -> None:
+        if window is not None and window < 1:
+            raise ValueError(f"window must be >= 1 or None, got {window}")
         self.model = model
         self.name = name
         self.use_cache = use_cache
+        self.window = window
         self.device = model_device(model)
         self.width = logits_width(model)
         self.context = context_length(model)
         self.vocab_size = self.width
         self.cache = None
+        self.offset = 0
 
     def begin(self, prompt: torch.Tensor, vocab_size: int) -> None:
+        """A `window` lets the drafter read only the prompt's last `window`
+        tokens: a long prompt then costs the drafter a short prefill (the
+        target still reads all of it, so the output does not change)."""
         self.vocab_size = vocab_size
         self.cache = new_cache(self.model) if self.use_cache else None
+        self.offset = 0 if self.window is None else max(0, prompt.shape[0] - self.window)
 
     def propose(
         self,
@@ -85,12 +107,13 @@ class ModelDrafter:
         generator: torch.Generator | None,
         min_confidence: float = 0.0,
     ) -> Draft:
+        seen = sequence[self.offset :]
         if self.context is not None:
             # the drafter reads the sequence plus k - 1 of its own drafts
-            k = min(k, self.context - sequence.shape[0] + 1)
+            k = min(k, self.context - seen.shape[0] + 1)
         if k <= 0:
             return Draft(sequence.new_empty(0), None)
-        context = sequence.to(self.device)
+        context = seen.to(self.device)
         tokens: list[torch.Tensor] = []
         laws: list[torch.Tensor] = []
         for _ in range(k):
@@ -112,8 +135,13 @@ class ModelDrafter:
         drafted = torch.cat(tokens).to(sequence.device)
         return Draft(drafted, torch.stack(laws).to(sequence.device) if laws else None)
 
-    def update(self, sequence: torch.Tensor, valid_length: int) -> None:
-        rollback_to(self.cache, min(cached_length(self.cache), valid_length))
+    def update(
+        self,
+        sequence: torch.Tensor,
+        valid_length: int,
+        target_logits: torch.Tensor | None = None,
+    ) -> None:
+        rollback_to(self.cache, min(cached_length(self.cache), valid_length - self.offset))
 
 
 def as_drafter(drafter: Drafter | PreTrainedModel, *, use_cache: bool = True) -> Drafter:
@@ -134,15 +162,23 @@ class NgramDrafter:
     context it has seen, and stops when no context matches. Deterministic: q is
     a point mass, so speculative sampling stays lossless. `keep_between_prompts`
     keeps the counts from one generation to the next (a chat); otherwise every
-    generation starts empty.
+    generation starts empty. With `top_k_filler` k > 1, every position the
+    target verified also adds one count for each of the target's k most likely
+    tokens there, so the table learns the target's alternatives and not only
+    the one token it chose.
     """
 
-    def __init__(self, max_order: int = 4, *, keep_between_prompts: bool = False) -> None:
+    def __init__(
+        self, max_order: int = 4, *, keep_between_prompts: bool = False, top_k_filler: int = 1
+    ) -> None:
         if max_order < 2:
             raise ValueError(f"max_order must be >= 2, got {max_order}")
+        if top_k_filler < 1:
+            raise ValueError(f"top_k_filler must be >= 1, got {top_k_filler}")
         self.name = "ngram"
         self.max_order = max_order
         self.keep_between_prompts = keep_between_prompts
+        self.top_k_filler = top_k_filler
         # context tuple -> {next token: count}; best continuation kept alongside
         self.counts: dict[tuple[int, ...], dict[int, int]] = {}
         self.best: dict[tuple[int, ...], tuple[int, int]] = {}
@@ -153,20 +189,23 @@ class NgramDrafter:
         self.best.clear()
         self.tokens = []
 
+    def _count(self, end: int, token: int) -> None:
+        """One more sighting of `token` after every context ending before `end`."""
+        tokens = self.tokens
+        for order in range(1, min(self.max_order - 1, end) + 1):
+            context = tuple(tokens[end - order : end])
+            followers = self.counts.setdefault(context, {})
+            count = followers.get(token, 0) + 1
+            followers[token] = count
+            best = self.best.get(context)
+            if best is None or count >= best[0]:
+                self.best[context] = (count, token)
+
     def _add(self, new_tokens: list[int]) -> None:
         """Count the k-grams that end at each new token."""
-        tokens = self.tokens
         for token in new_tokens:
-            tokens.append(token)
-            end = len(tokens) - 1
-            for order in range(1, min(self.max_order - 1, end) + 1):
-                context = tuple(tokens[end - order : end])
-                followers = self.counts.setdefault(context, {})
-                count = followers.get(token, 0) + 1
-                followers[token] = count
-                best = self.best.get(context)
-                if best is None or count >= best[0]:
-                    self.best[context] = (count, token)
+            self.tokens.append(token)
+            self._count(len(self.tokens) - 1, token)
 
     def begin(self, prompt: torch.Tensor, vocab_size: int) -> None:
         if not self.keep_between_prompts:
@@ -201,10 +240,23 @@ class NgramDrafter:
             )
         return Draft(torch.tensor(drafts, dtype=torch.long, device=sequence.device), None)
 
-    def update(self, sequence: torch.Tensor, valid_length: int) -> None:
+    def update(
+        self,
+        sequence: torch.Tensor,
+        valid_length: int,
+        target_logits: torch.Tensor | None = None,
+    ) -> None:
         seen = len(self.tokens)
         if sequence.shape[0] > seen:
             self._add(sequence[seen:].tolist())
+        if self.top_k_filler > 1 and target_logits is not None and target_logits.shape[0]:
+            rows = target_logits.shape[0]
+            k = min(self.top_k_filler, target_logits.shape[-1])
+            likely = torch.topk(target_logits.float(), k, dim=-1).indices.tolist()
+            first = len(self.tokens) - rows
+            for row, candidates in enumerate(likely):
+                for token in reversed(candidates):  # a tie goes to the latest: the likeliest
+                    self._count(first + row, token)
 
 
 class LookupDrafter:
@@ -243,5 +295,104 @@ class LookupDrafter:
                 return Draft(sequence[start : start + k], None)
         return Draft(sequence.new_empty(0), None)
 
-    def update(self, sequence: torch.Tensor, valid_length: int) -> None:
+    def update(
+        self,
+        sequence: torch.Tensor,
+        valid_length: int,
+        target_logits: torch.Tensor | None = None,
+    ) -> None:
         pass
+
+
+class HybridDrafter:
+    """Prompt lookup first, a model where lookup finds nothing.
+
+    Copying from the context costs no model call and is often right when the
+    answer quotes its prompt (summaries, extraction, code edits); elsewhere the
+    model drafter proposes. A lookup draft must come from a match of at least
+    `min_match` tokens, so that a single common token does not displace the
+    better-informed model draft. The model drafter catches up on the tokens it
+    did not draft through its cache, in one wider forward pass.
+    """
+
+    def __init__(self, model: ModelDrafter, lookup: LookupDrafter, *, min_match: int = 2) -> None:
+        self.model = model
+        self.lookup = LookupDrafter(lookup.max_ngram, max(min_match, lookup.min_ngram))
+        self.name = "hybrid"
+        self.width = model.width
+        self.last_source = "none"
+
+    def begin(self, prompt: torch.Tensor, vocab_size: int) -> None:
+        self.model.begin(prompt, vocab_size)
+        self.lookup.begin(prompt, vocab_size)
+
+    def propose(
+        self,
+        sequence: torch.Tensor,
+        k: int,
+        processor: LogitsProcessor,
+        generator: torch.Generator | None,
+        min_confidence: float = 0.0,
+    ) -> Draft:
+        draft = self.lookup.propose(sequence, k, processor, generator, min_confidence)
+        if len(draft):
+            self.last_source = "lookup"
+            return draft
+        self.last_source = "model"
+        return self.model.propose(sequence, k, processor, generator, min_confidence)
+
+    def update(
+        self,
+        sequence: torch.Tensor,
+        valid_length: int,
+        target_logits: torch.Tensor | None = None,
+    ) -> None:
+        self.model.update(sequence, valid_length, target_logits)
+
+
+DRAFTER_KINDS = ("model", "ngram", "lookup", "hybrid")
+
+
+@dataclass(frozen=True)
+class DrafterOptions:
+    """Everything that says which drafter to build (see `build_drafter`)."""
+
+    kind: str = "model"
+    ngram_order: int = 4
+    ngram_keep: bool = False
+    top_k_filler: int = 1
+    lookup_max_ngram: int = 3
+    window: int | None = None
+    min_match: int = 2
+
+    @property
+    def needs_model(self) -> bool:
+        return self.kind in ("model", "hybrid")
+
+
+def build_drafter(
+    options: DrafterOptions, model: PreTrainedModel | None, *, use_cache: bool = True
+) -> Drafter:
+    """The drafter `options` describe; `model` is the drafter model, needed by
+    the `model` and `hybrid` kinds. Raises ValueError for an unknown kind or a
+    missing model."""
+    if options.kind == "ngram":
+        return NgramDrafter(
+            options.ngram_order,
+            keep_between_prompts=options.ngram_keep,
+            top_k_filler=options.top_k_filler,
+        )
+    if options.kind == "lookup":
+        return LookupDrafter(options.lookup_max_ngram)
+    if options.kind not in DRAFTER_KINDS:
+        raise ValueError(
+            f"unknown drafter kind {options.kind!r}; choose one of: {', '.join(DRAFTER_KINDS)}"
+        )
+    if model is None:
+        raise ValueError(f"the {options.kind} drafter needs a drafter model, and none is loaded")
+    drafter = ModelDrafter(model, use_cache=use_cache, window=options.window)
+    if options.kind == "hybrid":
+        return HybridDrafter(
+            drafter, LookupDrafter(options.lookup_max_ngram), min_match=options.min_match
+        )
+    return drafter

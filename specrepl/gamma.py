@@ -10,12 +10,13 @@ drafter's own distribution).
 - `heuristic`: one more after a fully accepted step, one fewer after a rejection.
 - `confidence`: up to the maximum, but the model drafter stops as soon as its
   most likely token has probability below a threshold.
-- `auto`: from the running acceptance estimate a and the measured costs of a
+- `auto`: from running acceptance estimates and the measured costs of a
   drafter token and of verifying k drafts, pick the gamma that maximises
-  expected tokens per second; tokens per step are (1 - a^(g+1)) / (1 - a)
-  (Leviathan et al. 2023). Gamma 0 (the target alone) is chosen when drafting
-  does not pay; a probe at the initial gamma now and then keeps the estimates
-  alive.
+  expected tokens per second. With one acceptance rate a, tokens per step are
+  (1 - a^(g+1)) / (1 - a) (Leviathan et al. 2023); `auto` keeps a rate per
+  draft position instead (see `AutoGamma`). Gamma 0 (the target alone) is
+  chosen when drafting does not pay; a probe at the initial gamma now and then
+  keeps the estimates alive.
 
 This module knows nothing about models: it reads `StepEvent`s only.
 """
@@ -118,15 +119,23 @@ def expected_tokens(acceptance: float, gamma: int) -> float:
 class AutoGamma:
     """Maximise expected tokens per second from measured acceptance and costs.
 
-    Estimates, all exponentially weighted so they follow the text: the per-draft
-    acceptance a = accepted / (accepted + rejections) with a weak prior; the
-    drafter's seconds per drafted token; the target's seconds for a step with
-    k drafts, fitted as base + slope * k. The first step (prompt processing) is
-    not used for costs.
+    Estimates, all exponentially weighted so they follow the text:
+    - acceptance per draft position i: the chance that draft i is accepted
+      given that drafts 1..i-1 were. Position 1 starts from a prior of 0.5 with
+      the weight of two drafts, each later position from the one before it;
+      the prior fades like the observations do.
+      Per-position figures value correlated drafts right: a prompt-lookup draft
+      that copies a span is usually all right or wrong at its first token,
+      which an iid acceptance rate would undervalue;
+    - the drafter's seconds per drafted token;
+    - the target's seconds for a step with k drafts, as measured per k (a line
+      through the measured k where one is missing). The first step (prompt
+      processing) is not used for costs.
     """
 
     name = "auto"
     min_confidence = 0.0
+    PRIOR_WEIGHT = 2.0
 
     def __init__(
         self,
@@ -143,16 +152,37 @@ class AutoGamma:
         self.start()
 
     def start(self) -> None:
-        self.accepted = 1.0  # prior: a = 0.5 with the weight of two drafts
-        self.rejected = 1.0
+        # per position (0-based): weighted counts of drafts tried and accepted
+        self.tried = [0.0] * self.max_gamma
+        self.taken = [0.0] * self.max_gamma
+        self.prior_weight = [self.PRIOR_WEIGHT] * self.max_gamma  # fades like the counts
         self.draft_cost: float | None = None
         self.target_cost: dict[int, float] = {}
         self.steps = 0
         self.plain_steps = 0
 
+    def position_acceptance(self) -> list[float]:
+        """Estimated P(draft i accepted | drafts before it accepted), i = 1..max_gamma."""
+        rates: list[float] = []
+        prior = 0.5
+        for tried, taken, weight in zip(self.tried, self.taken, self.prior_weight, strict=True):
+            rate = (taken + weight * prior) / (tried + weight)
+            rates.append(rate)
+            prior = rate
+        return rates
+
     @property
     def acceptance(self) -> float:
-        return self.accepted / (self.accepted + self.rejected)
+        """The first position's acceptance estimate (for display)."""
+        return self.position_acceptance()[0] if self.max_gamma else 0.0
+
+    def expected_tokens(self, gamma: int) -> float:
+        """Tokens a step with `gamma` drafts is expected to append (bonus included)."""
+        total, reach = 1.0, 1.0
+        for rate in self.position_acceptance()[:gamma]:
+            reach *= rate
+            total += reach
+        return total
 
     def _ema(self, old: float | None, new: float) -> float:
         return new if old is None else self.decay * old + (1 - self.decay) * new
@@ -160,8 +190,12 @@ class AutoGamma:
     def observe(self, event: StepEvent) -> None:
         self.steps += 1
         if event.gamma > 0:
-            self.accepted = self.decay * self.accepted + event.accepted
-            self.rejected = self.decay * self.rejected + (event.accepted < event.gamma)
+            # positions 1..accepted were accepted; the next one, if drafted, was not
+            reached = min(event.accepted + 1, event.gamma)
+            for index in range(min(reached, self.max_gamma)):
+                self.tried[index] = self.decay * self.tried[index] + 1
+                self.taken[index] = self.decay * self.taken[index] + (index < event.accepted)
+                self.prior_weight[index] *= self.decay
             self.plain_steps = 0
         else:
             self.plain_steps += 1
@@ -196,10 +230,9 @@ class AutoGamma:
 
     def rates(self) -> dict[int, float]:
         """Expected tokens per second for every gamma in 0..max_gamma."""
-        a = self.acceptance
         draft = self.draft_cost or 0.0
         return {
-            g: expected_tokens(a, g) / (g * draft + self.verify_cost(g))
+            g: self.expected_tokens(g) / (g * draft + self.verify_cost(g))
             for g in range(self.max_gamma + 1)
         }
 

@@ -169,7 +169,7 @@ def _run_loop(
         sequence = sequence[: length + len(appended)]
         rollback_to(cache, length + accepted)
         if drafter is not None:
-            drafter.update(sequence, length + accepted)
+            drafter.update(sequence, length + accepted, logits[: len(appended)])
         generated += len(appended)
         clock.pause()
         event = StepEvent(

@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specrepl.drafters import LookupDrafter, ModelDrafter, NgramDrafter
+from specrepl.drafters import HybridDrafter, LookupDrafter, ModelDrafter, NgramDrafter
 from specrepl.gamma import AutoGamma, HeuristicGamma, expected_tokens, make_policy
 from specrepl.generation import autoregressive_generate, speculative_generate
+from specrepl.processors import GreedyProcessor
 from specrepl.results import StepEvent
 from specrepl.testing import perturbed_copy, tiny_llama
 
@@ -31,11 +32,20 @@ def make_drafter(kind: str, target, use_cache: bool):
         return NgramDrafter(4)
     if kind == "ngram-kept":
         return NgramDrafter(3, keep_between_prompts=True)
+    if kind == "ngram-filler":
+        return NgramDrafter(4, top_k_filler=3)
+    if kind == "model-window":
+        return ModelDrafter(perturbed_copy(target, 0.1, seed=1), use_cache=use_cache, window=3)
+    if kind == "hybrid":
+        model = ModelDrafter(perturbed_copy(target, 0.1, seed=1), use_cache=use_cache)
+        return HybridDrafter(model, LookupDrafter(3), min_match=1)
     return LookupDrafter(3)
 
 
 @pytest.mark.parametrize("policy", ["fixed", "heuristic", "confidence", "auto"])
-@pytest.mark.parametrize("kind", ["model", "ngram", "ngram-kept", "lookup"])
+@pytest.mark.parametrize(
+    "kind", ["model", "model-window", "ngram", "ngram-kept", "ngram-filler", "lookup", "hybrid"]
+)
 def test_greedy_equality_for_every_drafter_and_policy(target, references, kind, policy) -> None:
     for gamma, use_cache in ((1, True), (3, False), (8, True)):
         drafter = make_drafter(kind, target, use_cache)
@@ -68,6 +78,32 @@ def test_ngram_learns_from_accepted_and_target_tokens() -> None:
     drafter.update(torch.tensor([1, 2, 7, 2, 7]), 3)
     proposal = drafter.propose(torch.tensor([1, 2, 7, 2, 7]), 2, None, None)
     assert proposal.tokens.tolist() == [2, 7]
+
+
+def test_top_k_filler_counts_the_targets_likely_alternatives() -> None:
+    logits = torch.full((2, 32), -10.0)
+    logits[0, [7, 9, 11]] = torch.tensor([3.0, 2.0, 1.0])  # the target's view after (.., 2)
+    logits[1, [2, 5]] = torch.tensor([1.0, 0.5])  # and after (.., 2, 7)
+    plain, filled = NgramDrafter(2), NgramDrafter(2, top_k_filler=2)
+    for drafter in (plain, filled):
+        drafter.begin(torch.tensor([1, 2]), 32)
+        drafter.update(torch.tensor([1, 2, 7, 2]), 2, logits)
+    assert plain.counts[(7,)] == {2: 1}
+    assert filled.counts[(2,)] == {7: 2, 9: 1}  # 7 seen and among the top 2; 9 only filled
+    assert filled.counts[(7,)] == {2: 2, 5: 1}
+    assert filled.propose(torch.tensor([1, 2, 7, 2]), 1, None, None).tokens.tolist() == [7]
+    with pytest.raises(ValueError, match="top_k_filler"):
+        NgramDrafter(3, top_k_filler=0)
+
+
+def test_hybrid_drafts_from_lookup_only_on_a_long_enough_match(target) -> None:
+    hybrid = HybridDrafter(ModelDrafter(target), LookupDrafter(3), min_match=2)
+    hybrid.begin(torch.tensor([4, 5, 6, 7, 4, 5]), 32)
+    assert hybrid.propose(torch.tensor([4, 5, 6, 7, 4, 5]), 2, GreedyProcessor(), None)
+    assert hybrid.last_source == "lookup"
+    hybrid.begin(torch.tensor([4, 5, 6, 7, 8, 5]), 32)  # only (5,) recurs: too short
+    draft = hybrid.propose(torch.tensor([4, 5, 6, 7, 8, 5]), 2, GreedyProcessor(), None)
+    assert hybrid.last_source == "model" and len(draft) == 2
 
 
 def test_lookup_copies_what_followed_the_last_match() -> None:
@@ -133,3 +169,24 @@ def test_auto_falls_back_to_the_target_alone_when_drafting_does_not_pay() -> Non
         gamma = policy.next_gamma()
         policy.observe(_event(gamma, 0, gamma * 0.08, 0.1))
     assert policy.plain_steps < 16
+
+
+def test_auto_values_correlated_drafts_by_position() -> None:
+    """Lookup-like drafts: the first token decides, the rest follow it."""
+    policy = AutoGamma(8)
+    for index in range(60):
+        policy.observe(_event(8, 8 if index % 2 else 0, draft=0.0, verify=0.1))
+    rates = policy.position_acceptance()
+    assert rates[0] == pytest.approx(0.5, abs=0.1)
+    assert min(rates[1:]) > 0.9
+    assert policy.expected_tokens(8) > 4.5  # an iid rate of 0.5 would predict under 2
+    assert policy.next_gamma() == 8
+
+
+def test_auto_drafts_short_when_later_positions_fail() -> None:
+    policy = AutoGamma(8)
+    for _ in range(40):
+        policy.observe(_event(6, 2, draft=6 * 0.001, verify=0.1))
+    assert policy.position_acceptance()[:2] == pytest.approx([1.0, 1.0], abs=0.05)
+    assert policy.position_acceptance()[2] < 0.1
+    assert policy.next_gamma() in (2, 3)

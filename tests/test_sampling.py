@@ -15,7 +15,7 @@ import torch
 from scipy import stats
 
 import specrepl.verification as verification
-from specrepl.drafters import Draft, LookupDrafter, NgramDrafter
+from specrepl.drafters import Draft, HybridDrafter, LookupDrafter, ModelDrafter, NgramDrafter
 from specrepl.generation import speculative_generate
 from specrepl.processors import (
     LogitsProcessor,
@@ -55,7 +55,7 @@ class RepeatLastDrafter:
     def propose(self, sequence, k, processor, generator, min_confidence=0.0) -> Draft:
         return Draft(sequence[-1:].repeat(k), None)
 
-    def update(self, sequence, valid_length) -> None:
+    def update(self, sequence, valid_length, target_logits=None) -> None:
         pass
 
 
@@ -145,6 +145,7 @@ DETERMINISTIC = {
     "repeat-last": RepeatLastDrafter,
     "ngram": lambda: NgramDrafter(3),
     "ngram-kept": lambda: NgramDrafter(3, keep_between_prompts=True),
+    "ngram-filler": lambda: NgramDrafter(3, top_k_filler=4),
     "lookup": lambda: LookupDrafter(2),
 }
 
@@ -154,6 +155,23 @@ def test_deterministic_drafter_sampling_is_lossless(target, kind) -> None:
     """Point-mass drafters (q one-hot) keep the target's law."""
     processor = MultinomialProcessor(1.0)
     counts, acceptance = sample_counts(target, DETERMINISTIC[kind](), processor, gamma=2)
+    p_value, total_variation = compare(exact_law(target, processor), counts)
+    assert 0.05 < acceptance < 0.95
+    assert p_value > 1e-3 and total_variation < 0.09, (p_value, total_variation)
+
+
+MIXED = {
+    # lookup where the context repeats, the model elsewhere: q switches kind mid-run
+    "hybrid": lambda model: HybridDrafter(ModelDrafter(model), LookupDrafter(2), min_match=1),
+    # the drafter reads only the last 2 prompt tokens
+    "model-window": lambda model: ModelDrafter(model, window=2),
+}
+
+
+@pytest.mark.parametrize("kind", list(MIXED))
+def test_mixed_and_windowed_drafters_sampling_is_lossless(target, drafter, kind) -> None:
+    processor = TopKProcessor(temperature=0.8, top_k=4)
+    counts, acceptance = sample_counts(target, MIXED[kind](drafter), processor, gamma=2)
     p_value, total_variation = compare(exact_law(target, processor), counts)
     assert 0.05 < acceptance < 0.95
     assert p_value > 1e-3 and total_variation < 0.09, (p_value, total_variation)
