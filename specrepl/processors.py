@@ -7,6 +7,15 @@ a pure function of its input: the caller's tensor is never modified.
 A processor knows nothing about models or tokenizers. `probabilities` works on
 the last dimension of a tensor of any shape, so the verifier can ask for the
 target's distributions at every draft position at once.
+
+Numerics (half-precision models overflow): a NaN logit counts as an impossible
+token, a +inf logit takes its row's whole mass (the softmax's limit), and a row
+with no finite logit at all is refused with `UnusableLogitsError` instead of
+being sampled. Logits are shifted so each row's largest is 0 before the
+temperature divides them, so a tiny temperature gives the argmax (ties share
+the mass) and never NaN; every distribution returned keeps that largest entry,
+so it sums to 1 with no division by zero. Ties in top-k and nucleus go to the
+lower token id, as `argmax` does: `top_k=1` is greedy decoding exactly.
 """
 
 from __future__ import annotations
@@ -25,8 +34,14 @@ __all__ = [
     "NucleusProcessor",
     "TopKNucleusProcessor",
     "TopKProcessor",
+    "UnusableLogitsError",
     "make_processor",
+    "usable_logits",
 ]
+
+
+class UnusableLogitsError(ValueError):
+    """A model's logits have a row with no finite value: nothing can be sampled from it."""
 
 
 def _check_temperature(temperature: float) -> None:
@@ -46,34 +61,69 @@ def _check_top_p(top_p: float) -> None:
         raise ValueError(f"top_p must be in (0, 1], got {top_p!r}")
 
 
-def _softmax(logits: torch.Tensor) -> torch.Tensor:
-    """Softmax in float32 that never returns NaN.
+def usable_logits(logits: torch.Tensor) -> torch.Tensor:
+    """Float32 logits, non-finite values resolved, each row shifted so its largest is 0.
 
-    Non-finite logits (half-precision overflow) count as impossible tokens; a row
-    with no finite entry becomes a point mass on token 0 rather than NaNs.
+    NaN and -inf become -inf (impossible tokens). In a row with a +inf logit the
+    +inf entries become 0 and every other entry -inf: they share the mass, as in
+    the softmax's limit. A row with no finite logit (all NaN, or only NaN and
+    infinities) raises UnusableLogitsError. The argument is not modified.
     """
     logits = logits.float()
     finite = torch.isfinite(logits)
     if not bool(finite.all()):
-        logits = logits.masked_fill(~finite, -math.inf)
-        dead = ~finite.any(dim=-1, keepdim=True)
-        first = torch.arange(logits.shape[-1], device=logits.device) == 0
-        logits = logits.masked_fill(dead & first, 0.0)
+        usable = finite.any(dim=-1)
+        if not bool(usable.all()):
+            bad = int((~usable).sum())
+            all_nan = bool(torch.isnan(logits)[~usable].all())
+            raise UnusableLogitsError(
+                f"the model's logits are unusable: {bad} of {usable.numel()} positions"
+                f" {'has' if bad == 1 else 'have'} no finite logit"
+                f" ({'all NaN' if all_nan else 'only NaN or infinite values'});"
+                " a half-precision model may have overflowed"
+            )
+        logits = logits.masked_fill(torch.isnan(logits), -math.inf)
+        overflow = (logits == math.inf).any(dim=-1, keepdim=True)
+        if bool(overflow.any()):
+            winners = torch.where(logits == math.inf, 0.0, -math.inf)
+            logits = torch.where(overflow, winners, logits)
+    return logits - logits.amax(dim=-1, keepdim=True)
+
+
+def _softmax(logits: torch.Tensor) -> torch.Tensor:
+    """Softmax of logits whose row maxima are 0 (so every row sums to at least 1 before
+    normalising: never a division by zero, never NaN)."""
     return torch.softmax(logits, dim=-1)
 
 
+def _scale(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """`logits / temperature` for logits <= 0 with row maxima 0: the maxima stay 0 even when
+    the temperature is so small that 0 / temperature would be NaN."""
+    if temperature == 1.0:
+        return logits
+    return (logits / temperature).masked_fill(logits == 0, 0.0)
+
+
+def _ranking(logits: torch.Tensor) -> torch.Tensor:
+    """Token ids of each row from the most to the least likely, ties in id order."""
+    return torch.sort(logits, dim=-1, descending=True, stable=True).indices
+
+
 def _mask_top_k(logits: torch.Tensor, top_k: int) -> torch.Tensor:
-    k = min(top_k, logits.shape[-1])
-    kth = torch.topk(logits, k, dim=-1).values[..., -1:]
-    return logits.masked_fill(logits < kth, -math.inf)
+    """Keep exactly the k most likely tokens (ties: the lower ids, as argmax picks)."""
+    if top_k >= logits.shape[-1]:
+        return logits
+    dropped = _ranking(logits)[..., top_k:]
+    drop = torch.zeros_like(logits, dtype=torch.bool).scatter(-1, dropped, True)
+    return logits.masked_fill(drop, -math.inf)
 
 
 def _mask_top_p(logits: torch.Tensor, top_p: float) -> torch.Tensor:
     """Keep the smallest set of tokens whose probability reaches top_p."""
     if top_p >= 1.0:
         return logits
-    sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
-    sorted_probs = _softmax(sorted_logits)
+    order = _ranking(logits)
+    sorted_probs = _softmax(torch.gather(logits, -1, order))
     mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
     drop_sorted = mass_before >= top_p
     drop_sorted[..., 0] = False  # the most likely token always stays
@@ -89,11 +139,15 @@ class LogitsProcessor(ABC):
 
     @abstractmethod
     def _transform(self, logits: torch.Tensor) -> torch.Tensor:
-        """Return new (float32) logits; must not modify its argument."""
+        """New float32 logits from `usable_logits` output; must keep each row's 0 maximum
+        and must not modify its argument."""
 
     def probabilities(self, logits: torch.Tensor) -> torch.Tensor:
-        """Distribution over the last dimension, float32, rows sum to 1."""
-        return _softmax(self._transform(logits.float().nan_to_num(nan=-math.inf)))
+        """Distribution over the last dimension, float32, rows sum to 1.
+
+        Raises UnusableLogitsError for a row with no finite logit (see `usable_logits`).
+        """
+        return _softmax(self._transform(usable_logits(logits)))
 
     def sample(self, probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
         """One token id per row of `probs` (shape `probs.shape[:-1]`)."""
@@ -123,7 +177,7 @@ class GreedyProcessor(LogitsProcessor):
         return logits.clone()
 
     def probabilities(self, logits: torch.Tensor) -> torch.Tensor:
-        logits = logits.float().nan_to_num(nan=-math.inf)
+        logits = usable_logits(logits)
         top = torch.argmax(logits, dim=-1, keepdim=True)
         return torch.zeros_like(logits).scatter_(-1, top, 1.0)
 
@@ -142,7 +196,7 @@ class MultinomialProcessor(LogitsProcessor):
         _check_temperature(self.temperature)
 
     def _transform(self, logits: torch.Tensor) -> torch.Tensor:
-        return logits / self.temperature
+        return _scale(logits, self.temperature)
 
     def parameters(self) -> dict[str, float | int]:
         return {"temperature": self.temperature}
@@ -161,7 +215,7 @@ class TopKProcessor(LogitsProcessor):
         _check_top_k(self.top_k)
 
     def _transform(self, logits: torch.Tensor) -> torch.Tensor:
-        return _mask_top_k(logits / self.temperature, self.top_k)
+        return _mask_top_k(_scale(logits, self.temperature), self.top_k)
 
     def parameters(self) -> dict[str, float | int]:
         return {"temperature": self.temperature, "top_k": self.top_k}
@@ -180,7 +234,7 @@ class NucleusProcessor(LogitsProcessor):
         _check_top_p(self.top_p)
 
     def _transform(self, logits: torch.Tensor) -> torch.Tensor:
-        return _mask_top_p(logits / self.temperature, self.top_p)
+        return _mask_top_p(_scale(logits, self.temperature), self.top_p)
 
     def parameters(self) -> dict[str, float | int]:
         return {"temperature": self.temperature, "top_p": self.top_p}
@@ -201,7 +255,8 @@ class TopKNucleusProcessor(LogitsProcessor):
         _check_top_p(self.top_p)
 
     def _transform(self, logits: torch.Tensor) -> torch.Tensor:
-        return _mask_top_p(_mask_top_k(logits / self.temperature, self.top_k), self.top_p)
+        kept = _mask_top_k(_scale(logits, self.temperature), self.top_k)
+        return _mask_top_p(kept, self.top_p)
 
     def parameters(self) -> dict[str, float | int]:
         return {"temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p}

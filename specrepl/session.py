@@ -2,11 +2,17 @@
 
 `ChatSession.answer(prompt, on_event)` builds the prompt's token ids (the
 tokenizer's chat template over the system prompt and the real multi-turn
-history, or the raw text when chat is off), runs every enabled generator in
-turn (speculative, then the target alone, then the drafter alone) with the
-same seed, and returns an `Answer` with one `Run` per generator and the
-speedup. While it runs it reports `RunStarted`, `RunStep` and `RunFinished`
-events so that a front end can stream the output.
+history, or the raw text when chat is off; `prompting.py` encodes every text
+as plain text, so a pasted control token cannot end or forge a turn), runs
+every enabled generator in turn (speculative, then the target alone, then the
+drafter alone) with the same seed, and returns an `Answer` with one `Run` per
+generator and the speedup. While it runs it reports `RunStarted`, `RunStep`
+and `RunFinished` events so that a front end can stream the output.
+
+Bad input gets an answer with a `refusal` and changes nothing: an empty
+prompt, one too long for a model's context, one that cannot be encoded as
+plain text, and a run that fails (out of memory, or a model whose logits are
+unusable) leave the history and the settings as they were.
 
 This module is the glue between the engine and the REPL: it never prints,
 never reads input and knows nothing about the terminal, rich or
@@ -15,19 +21,23 @@ prompt_toolkit. Settings are only changed through `Settings.updated`.
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal, Union
 
 import torch
 
-from .drafters import Drafter, LookupDrafter, ModelDrafter, NgramDrafter
+from .drafters import Drafter, NgramDrafter, build_drafter
+from .forward import context_length
 from .generation import (
     ContextTooLongError,
     GenerationInterrupted,
     autoregressive_generate,
     speculative_generate,
 )
+from .processors import UnusableLogitsError
+from .prompting import PromptEncodingError, chat_prompt_ids, clean_prompt, text_prompt_ids
 from .results import GenerationResult, StepEvent
 from .settings import SettingError, Settings
 
@@ -54,6 +64,10 @@ __all__ = [
 GeneratorName = Literal["speculative", "target", "drafter"]
 PromptMode = Literal["chat", "raw"]
 Message = dict[str, str]
+
+#: Raised by torch when a device runs out of memory (`torch.OutOfMemoryError` in recent
+#: releases is this class; older ones only have it under `torch.cuda`).
+_OutOfMemoryError = torch.cuda.OutOfMemoryError
 
 #: The generators in the order they run, each with the setting that switches it on.
 GENERATORS: dict[GeneratorName, str] = {
@@ -276,14 +290,11 @@ class ChatSession:
         return [*head, *self.history, {"role": "user", "content": prompt}]
 
     def prompt_ids(self, prompt: str) -> list[int]:
-        """The token ids the generators continue."""
+        """The token ids the generators continue; every message's text is encoded as plain
+        text (see `prompting.py`). Raises PromptEncodingError when that is impossible."""
         if self.prompt_mode() == "chat":
-            ids = self.tokenizer.apply_chat_template(
-                self.messages(prompt), add_generation_prompt=True, return_dict=False
-            )
-        else:
-            ids = self.tokenizer.encode(prompt)
-        return [int(token) for token in ids]
+            return chat_prompt_ids(self.tokenizer, self.messages(prompt))
+        return text_prompt_ids(self.tokenizer, prompt)
 
     # -- answering ---------------------------------------------------------
 
@@ -314,14 +325,31 @@ class ChatSession:
     def answer(self, prompt: str, on_event: EventCallback | None = None) -> Answer:
         """Run every enabled generator on `prompt`; never raises for a bad prompt.
 
+        The prompt is cleaned first (`prompting.clean_prompt`): terminal escape
+        sequences and control characters other than newline and tab are dropped,
+        carriage returns become newlines, and a notice says what was removed;
+        `Answer.prompt` and the history hold the cleaned text. Unicode is kept
+        as typed.
+
+        Refused, with nothing run and nothing changed: an empty prompt, one
+        with more tokens than a model's context (the refusal names both
+        numbers), and one holding a control token the tokenizer cannot write
+        as text. A run that fails (out of memory, or a model whose logits are
+        unusable) abandons the whole answer: its runs are dropped, memory is
+        freed, the refusal says what happened, and the history stays as it was.
+
         Ctrl-C during a run stops it: the partial run is kept (marked
         interrupted), the remaining generators are skipped and the history is
         left as it was.
         """
         settings = self.settings
+        cleaned = clean_prompt(prompt)
+        prompt = cleaned.text
         answer = Answer(prompt=prompt, mode=self.prompt_mode(), settings=settings)
         if settings.chat and answer.mode == "raw":
             answer.notices.append("the tokenizer has no chat template: raw continuation")
+        if cleaned.changed:
+            answer.notices.append(cleaned.describe())
         if not prompt.strip():
             answer.refusal = "Nothing to answer: the prompt is empty."
             return answer
@@ -331,18 +359,43 @@ class ChatSession:
                 "Every generator is off: turn one on with /speculative, /target or /drafter."
             )
             return answer
-        ids = self.prompt_ids(prompt)
+        try:
+            ids = self.prompt_ids(prompt)
+        except PromptEncodingError as error:
+            answer.refusal = f"The prompt cannot be encoded as plain text: {error}."
+            return answer
         answer.prompt_tokens = len(ids)
         if not ids:
             answer.refusal = "Nothing to answer: the prompt has no tokens."
             return answer
+        has_history = answer.mode == "chat" and bool(self.history)
+        hint = " Use /reset to clear the chat history." if has_history else ""
+        answer.refusal = self._too_long(ids, generators, hint)
+        if answer.refusal is not None:
+            return answer
         for generator in generators:
+            out_of_memory = False
             try:
                 run = self._run(generator, ids, settings, on_event)
             except ContextTooLongError as error:
-                answer.runs.clear()
-                hint = " Use /reset to clear the chat history." if self.history else ""
                 answer.refusal = f"The prompt is too long: {error}.{hint}"
+            except UnusableLogitsError as error:
+                answer.refusal = (
+                    f"The {generator} run was abandoned: {error}. Nothing was added to the chat"
+                    " history; loading the models in float32 (--dtype, --drafter-dtype) may"
+                    " avoid it."
+                )
+            except (_OutOfMemoryError, MemoryError) as error:
+                out_of_memory = True
+                answer.refusal = (
+                    f"Out of memory during the {generator} run ({_summary(error)}): the run was"
+                    " abandoned and nothing was added to the chat history; try a shorter"
+                    " /length or /reset."
+                )
+            if answer.refusal is not None:
+                answer.runs.clear()
+                if out_of_memory:  # the failed run's tensors are unreachable only now
+                    _release_memory()
                 return answer
             answer.runs[generator] = run
             if run.interrupted:
@@ -353,6 +406,19 @@ class ChatSession:
                 [{"role": "user", "content": prompt}, {"role": "assistant", "content": reply.text}]
             )
         return answer
+
+    def _too_long(self, ids: list[int], generators: list[GeneratorName], hint: str) -> str | None:
+        """The refusal for a prompt that leaves a generator's model no room, else None."""
+        for generator in generators:
+            role = "drafter" if generator == "drafter" else "target"
+            model = self._drafter_model() if role == "drafter" else self.pair.target.model
+            context = context_length(model)
+            if context is not None and len(ids) >= context:
+                return (
+                    f"The prompt is too long: it has {len(ids)} tokens and the {role} model's"
+                    f" context is {context} tokens (a prompt may have at most {context - 1}).{hint}"
+                )
+        return None
 
     def _run(
         self,
@@ -399,15 +465,26 @@ class ChatSession:
 
     def _drafter(self, settings: Settings) -> Drafter:
         """The drafter the settings ask for; n-gram counts persist while `ngram_keep` is on."""
-        if settings.drafter_kind == "ngram":
+        options = settings.drafter_options()
+        if options.kind == "ngram":
             kept = self._ngram
-            if kept is None or not settings.ngram_keep or kept.max_order != settings.ngram_order:
-                kept = NgramDrafter(settings.ngram_order, keep_between_prompts=settings.ngram_keep)
+            if (
+                kept is None
+                or not settings.ngram_keep
+                or (
+                    (kept.max_order, kept.top_k_filler)
+                    != (options.ngram_order, options.top_k_filler)
+                )
+            ):
+                kept = NgramDrafter(
+                    options.ngram_order,
+                    keep_between_prompts=options.ngram_keep,
+                    top_k_filler=options.top_k_filler,
+                )
                 self._ngram = kept
             return kept
-        if settings.drafter_kind == "lookup":
-            return LookupDrafter(settings.lookup_max_ngram)
-        return ModelDrafter(self._drafter_model(), use_cache=settings.use_cache)
+        model = self._drafter_model() if options.needs_model else None
+        return build_drafter(options, model, use_cache=settings.use_cache)
 
     def _drafter_model(self) -> Any:
         if self.pair.drafter is None:
@@ -427,3 +504,17 @@ class ChatSession:
             rejected=None if rejected is None else piece(rejected),
             target=piece(appended[step.accepted]),
         )
+
+
+def _summary(error: BaseException, limit: int = 160) -> str:
+    """The first line of an error's message, cut to `limit` characters."""
+    lines = str(error).strip().splitlines()
+    line = lines[0] if lines else type(error).__name__
+    return line if len(line) <= limit else line[: limit - 1] + "…"
+
+
+def _release_memory() -> None:
+    """Give back what an abandoned run held: unreachable tensors, then cached device blocks."""
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()

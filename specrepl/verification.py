@@ -14,11 +14,19 @@ Chen et al. 2023):
 A deterministic drafter passes a one-hot q (a point mass), which keeps the
 sampling step lossless. These functions know nothing about models or caches;
 they return the number of accepted drafts and the target's token.
+
+Numerics: the acceptance test is written without p / q (a draft the drafter
+gave probability 0 is kept iff p > 0), the residual is only normalised when it
+has mass, and every token drawn has p > 0. Greedy verification reads the
+target's logits through `usable_logits`: a NaN is never the argmax, and a
+position with no finite logit raises `UnusableLogitsError`.
 """
 
 from __future__ import annotations
 
 import torch
+
+from .processors import usable_logits
 
 __all__ = ["residual_distribution", "verify_greedy", "verify_sampling"]
 
@@ -26,9 +34,10 @@ __all__ = ["residual_distribution", "verify_greedy", "verify_sampling"]
 def verify_greedy(drafts: torch.Tensor, target_logits: torch.Tensor) -> tuple[int, int]:
     """Exact greedy check: accept while draft == argmax of the target.
 
-    `drafts`: (gamma,) token ids; `target_logits`: (gamma + 1, vocab).
+    `drafts`: (gamma,) token ids; `target_logits`: (gamma + 1, vocab), any float dtype.
+    Raises UnusableLogitsError when a position has no finite logit.
     """
-    choices = torch.argmax(target_logits, dim=-1)
+    choices = torch.argmax(usable_logits(target_logits), dim=-1)
     gamma = drafts.shape[0]
     matches = (choices[:gamma] == drafts).to(torch.int64)
     accepted = int(torch.cumprod(matches, dim=0).sum()) if gamma else 0
@@ -38,8 +47,9 @@ def verify_greedy(drafts: torch.Tensor, target_logits: torch.Tensor) -> tuple[in
 def residual_distribution(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     """norm(max(0, p - q)), the law of the target's token after a rejection.
 
-    If p and q agree up to rounding (so nothing is left), p itself is returned:
-    a rejection then had probability ~0, and p is the right law in the limit.
+    If nothing is left (p <= q everywhere, as when p == q), p itself is
+    returned: a rejection then had probability ~0, and p is the right law in
+    the limit. Either way every token with mass has p > 0.
     """
     residual = torch.clamp(p - q, min=0.0)
     total = residual.sum()

@@ -14,6 +14,7 @@ from specrepl.processors import (
     NucleusProcessor,
     TopKNucleusProcessor,
     TopKProcessor,
+    UnusableLogitsError,
     make_processor,
 )
 
@@ -63,12 +64,15 @@ def test_top_k_then_nucleus() -> None:
 
 
 def test_non_finite_logits_never_give_nan() -> None:
-    logits = torch.tensor([[1.0, math.nan, 2.0], [math.nan, math.nan, math.nan]])
+    logits = torch.tensor([[1.0, math.nan, 2.0]])
     for name in PROCESSORS:
-        probs = make_processor(name, top_k=2, top_p=0.5).probabilities(logits)
+        processor = make_processor(name, top_k=2, top_p=0.5)
+        probs = processor.probabilities(logits)
         assert not bool(probs.isnan().any()), name
-        assert torch.allclose(probs.sum(-1), torch.ones(2)), name
+        assert torch.allclose(probs.sum(-1), torch.ones(1)), name
         assert probs[0, 1] == 0, name
+        with pytest.raises(UnusableLogitsError, match="no finite logit"):
+            processor.probabilities(torch.full((1, 3), math.nan))
 
 
 def test_sampling_uses_the_explicit_generator() -> None:
