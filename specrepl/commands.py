@@ -15,6 +15,7 @@ This module knows nothing about the terminal, rich or prompt_toolkit.
 from __future__ import annotations
 
 import difflib
+import re
 import shlex
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, fields
@@ -22,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Union
 
 from .gamma import POLICIES
 from .processors import PROCESSORS
-from .settings import DRAFTER_KINDS, SettingError, Settings
+from .settings import DRAFTER_KINDS, SettingError, Settings, shown
 
 if TYPE_CHECKING:
     from .models import ModelPair
@@ -47,6 +48,9 @@ __all__ = [
 ]
 
 PREFIX = "/"
+SHOWN_NAME_MAX = 40
+ARGUMENTS_MAX = 10_000
+"""The longest argument text read token by token (`/system` takes any length)."""
 SAMPLING_SETTINGS = ("processor", "temperature", "top_k", "top_p")
 BOOL_WORDS: dict[str, bool] = {
     "on": True,
@@ -59,6 +63,13 @@ BOOL_WORDS: dict[str, bool] = {
     "0": False,
 }
 
+# Numbers are plain ASCII decimals: `int()` and `float()` would also take
+# "1_000", other scripts' digits and surrounding spaces.
+_INTEGER = re.compile(r"[+-]?[0-9]+")
+_NUMBER = re.compile(
+    r"[+-]?(?:(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:e[+-]?[0-9]+)?|inf|infinity|nan)", re.IGNORECASE
+)
+
 #: The parameters each processor takes, in the order they are given positionally.
 PROCESSOR_PARAMETERS: dict[str, tuple[str, ...]] = {
     name: tuple(f.name for f in fields(cls)) for name, cls in PROCESSORS.items()
@@ -67,6 +78,22 @@ PROCESSOR_PARAMETERS: dict[str, tuple[str, ...]] = {
 
 class CommandError(ValueError):
     """A command line that cannot be parsed; the message says what was wrong."""
+
+
+def parse_integer(token: str) -> int | None:
+    """The integer an ASCII decimal token spells, or None."""
+    if not _INTEGER.fullmatch(token):
+        return None
+    try:
+        return int(token)
+    except ValueError:  # more digits than Python converts
+        return None
+
+
+def parse_number(token: str) -> float | None:
+    """The number an ASCII decimal token spells (inf and nan included, for the bounds
+    to refuse by name), or None."""
+    return float(token) if _NUMBER.fullmatch(token) else None
 
 
 # -- results ---------------------------------------------------------------
@@ -190,25 +217,26 @@ class Argument:
 
     def convert(self, token: str) -> Any:
         """Parse one token to this argument's type and check its bounds."""
-        wrong = CommandError(f"{self.name} must be {self.valid()}, got {token!r}")
+        wrong = CommandError(f"{self.name} must be {self.valid()}, got {shown(token)}")
+        value: Any
         if self.kind is bool:
             if token.lower() not in BOOL_WORDS:
                 raise wrong
-            value: Any = BOOL_WORDS[token.lower()]
+            value = BOOL_WORDS[token.lower()]
         elif self.kind is int:
-            try:
-                value = int(token)
-            except ValueError:
-                raise wrong from None
+            value = parse_integer(token)
+            if value is None:
+                raise wrong
         elif self.kind is float:
-            try:
-                value = float(token)
-            except ValueError:
-                raise wrong from None
+            value = parse_number(token)
+            if value is None:
+                raise wrong
         else:
             value = token
-            if self.choices and value not in self.choices:
-                raise wrong
+            if self.choices:
+                value = next((c for c in self.choices if c.lower() == token.lower()), None)
+                if value is None:
+                    raise wrong
         if self.setting is not None:
             bound = Settings.bound(self.setting)
             if bound.optional and bound.kind is str and value.lower() == "none":
@@ -264,7 +292,7 @@ class Command:
             else:
                 argument = self._next(values, context)
                 if argument is None:
-                    raise CommandError(f"unexpected argument {token!r}")
+                    raise CommandError(f"unexpected argument {shown(token)}")
                 raw = token
             values[argument.name] = argument.convert(raw) if convert else raw
         return values, self._next(values, context)
@@ -286,6 +314,11 @@ class Command:
             text = text.strip()
             values = {rest.name: rest.convert(text)} if text else {}
         else:
+            if len(text) > ARGUMENTS_MAX:  # no valid argument list is this long
+                raise CommandError(
+                    f"the arguments are {len(text)} characters long; "
+                    f"at most {ARGUMENTS_MAX} are read"
+                )
             try:
                 tokens = shlex.split(text)
             except ValueError as error:
@@ -370,7 +403,7 @@ class CommandRegistry:
 
     def dispatch(self, session: ChatSession, line: str) -> CommandResult:
         """Run the command on `line`; errors come back as `CommandFailed`."""
-        word, _, text = line.strip().partition(" ")
+        word, text = ([*line.split(maxsplit=1), "", ""])[:2]  # any whitespace separates
         command = self.lookup(word)
         if command is None:
             return self.unknown(word)
@@ -382,10 +415,17 @@ class CommandRegistry:
 
     def unknown(self, word: str) -> CommandFailed:
         """The answer to a name that is no command, with the nearest one."""
-        word = PREFIX + word.removeprefix(PREFIX)
-        nearest = difflib.get_close_matches(word.lower(), self.names(), n=1, cutoff=0.5)
+        name = word.removeprefix(PREFIX)
+        if not name:
+            return CommandFailed(f"no command name after {PREFIX}", "/help lists the commands")
+        word = PREFIX + name
+        short = len(word) <= SHOWN_NAME_MAX  # a longer word is no near miss of any name
+        nearest = (
+            difflib.get_close_matches(word.lower(), self.names(), n=1, cutoff=0.5) if short else []
+        )
         hint = f"; did you mean {nearest[0]}?" if nearest else ""
-        return CommandFailed(f"unknown command {word}{hint}", "/help lists the commands")
+        named = word if short and word.isprintable() else shown(word)
+        return CommandFailed(f"unknown command {named}{hint}", "/help lists the commands")
 
     def completions(self, text: str) -> tuple[str, list[str]]:
         """The word being typed at the end of `text` and what it may become."""
@@ -454,6 +494,8 @@ def _toggle_command(name: str, setting: str, help: str, aliases: tuple[str, ...]
 )
 def _gamma(session: ChatSession, values: Mapping[str, Any]) -> CommandResult:
     if "value" not in values:
+        if "max" in values:  # `/gamma max=N`: a new maximum for the current policy
+            return _set(session, gamma=values["max"])
         return ShowSettings(session.settings, ("gamma_policy", "gamma"))
     value = values["value"].lower()
     if value in POLICIES:
@@ -463,13 +505,12 @@ def _gamma(session: ChatSession, values: Mapping[str, Any]) -> CommandResult:
         return _set(session, **changes)
     if "max" in values:
         raise CommandError("give one number: /gamma N, or a policy and its maximum")
-    try:
-        gamma = int(value)
-    except ValueError:
+    gamma = parse_integer(value)
+    if gamma is None:
         raise CommandError(
             f"gamma must be {Settings.bound('gamma').describe()} or one of "
-            f"{', '.join(POLICIES)}, got {values['value']!r}"
-        ) from None
+            f"{', '.join(POLICIES)}, got {shown(values['value'])}"
+        )
     return _set(session, gamma=gamma, gamma_policy="fixed")
 
 
@@ -490,7 +531,7 @@ _toggle_command("chat", "chat", "chat template with history (off: raw text conti
 @REGISTRY.command(
     "drafter_kind",
     aliases=("kind",),
-    help="what drafts: model, ngram [order] [keep], or lookup [max_ngram]",
+    help="what drafts: model, ngram, lookup, or hybrid (lookup, else the model)",
     arguments=(
         Argument("kind", str, "the drafter kind", setting="drafter_kind", choices=DRAFTER_KINDS),
         Argument("order", int, "longest n-gram", "ngram_order", when=("kind", ("ngram",))),
@@ -498,23 +539,45 @@ _toggle_command("chat", "chat", "chat template with history (off: raw text conti
             "keep", bool, "keep counts between prompts", "ngram_keep", when=("kind", ("ngram",))
         ),
         Argument(
+            "filler",
+            int,
+            "also count the target's top k tokens",
+            "ngram_filler",
+            when=("kind", ("ngram",)),
+        ),
+        Argument(
             "max_ngram",
             int,
             "longest suffix searched",
             "lookup_max_ngram",
-            when=("kind", ("lookup",)),
+            when=("kind", ("lookup", "hybrid")),
+        ),
+        Argument(
+            "window",
+            int,
+            "prompt tokens the model drafter reads (0: all)",
+            "drafter_window",
+            when=("kind", ("model", "hybrid")),
         ),
     ),
     current=lambda session: {"kind": session.settings.drafter_kind},
 )
 def _drafter_kind(session: ChatSession, values: Mapping[str, Any]) -> CommandResult:
     if not values:
-        return ShowSettings(
-            session.settings, ("drafter_kind", "ngram_order", "ngram_keep", "lookup_max_ngram")
-        )
-    names = {"kind": "drafter_kind", "order": "ngram_order", "keep": "ngram_keep"}
-    names["max_ngram"] = "lookup_max_ngram"
-    return _set(session, **{names[key]: value for key, value in values.items()})
+        return ShowSettings(session.settings, tuple(_DRAFTER_ARGUMENT_SETTINGS.values()))
+    return _set(
+        session, **{_DRAFTER_ARGUMENT_SETTINGS[key]: value for key, value in values.items()}
+    )
+
+
+_DRAFTER_ARGUMENT_SETTINGS = {
+    "kind": "drafter_kind",
+    "order": "ngram_order",
+    "keep": "ngram_keep",
+    "filler": "ngram_filler",
+    "max_ngram": "lookup_max_ngram",
+    "window": "drafter_window",
+}
 
 
 @REGISTRY.command(

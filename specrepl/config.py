@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .settings import DRAFTER_KINDS, SettingError, Settings
+from .drafters import DrafterOptions
+from .settings import DRAFTER_KINDS, SettingError, Settings, shown
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -49,6 +50,8 @@ _DRAFTER_SETTINGS = {
     "order": "ngram_order",
     "keep_between_prompts": "ngram_keep",
     "max_ngram": "lookup_max_ngram",
+    "top_k_filler": "ngram_filler",
+    "window": "drafter_window",
 }
 _DRAFTER_KEYS = ("kind", *_MODEL_KEYS, *_DRAFTER_SETTINGS)
 
@@ -104,6 +107,9 @@ def default_config_path() -> Path:
 def load_config(path: str | Path) -> AppConfig:
     """Read and validate one config file; raise ConfigError on any problem."""
     path = Path(path).expanduser()
+    if path.exists() and not path.is_dir() and not path.is_file():
+        # a device or a pipe could be read forever
+        raise ConfigError(f"{path}: not a regular file, expected a .toml file")
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
@@ -114,8 +120,10 @@ def load_config(path: str | Path) -> AppConfig:
         raise ConfigError(f"{path}: cannot read the file ({exc})") from None
     try:
         data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
+    except ValueError as exc:  # TOMLDecodeError, or an integer with too many digits
         raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: not valid TOML: arrays or tables nested too deeply") from None
     return _Reader(path).app_config(data)
 
 
@@ -128,7 +136,7 @@ class _Reader:
     def error(
         self, key: str, expected: str, value: Any = None, *, show_value: bool = True
     ) -> ConfigError:
-        got = f", got {value!r}" if show_value else ""
+        got = f", got {shown(value)}" if show_value else ""
         return ConfigError(f"{self.path}: {key}: expected {expected}{got}")
 
     def check_keys(self, table: Mapping[str, Any], known: Iterable[str], prefix: str) -> None:
@@ -136,7 +144,8 @@ class _Reader:
         for key in table:
             if key in known:
                 continue
-            where = f"{prefix}.{key}" if prefix else key
+            name = key if key.isprintable() and len(key) <= 40 else shown(key)
+            where = f"{prefix}.{name}" if prefix else name
             close = difflib.get_close_matches(key, known, n=1)
             hint = f"did you mean {close[0]!r}? " if close else ""
             raise ConfigError(
@@ -185,8 +194,16 @@ class _Reader:
                     "drafter.kind", "one of " + ", ".join(map(repr, DRAFTER_KINDS)), kind
                 )
             # an n-gram or lookup drafter needs no model, but may name one to switch to
-            if kind == "model" or "source" in drafter_table:
+            if DrafterOptions(kind=kind).needs_model or "source" in drafter_table:
                 drafter = self.model_spec(drafter_table, "drafter")
+            else:
+                for key in _MODEL_KEYS:
+                    if key in drafter_table:  # would be ignored: say so rather than guess
+                        raise self.error(
+                            f"drafter.{key}",
+                            f"no {key} without drafter.source (the {kind} drafter loads no model)",
+                            drafter_table[key],
+                        )
             drafter_settings["drafter_kind"] = ("drafter.kind", kind)
             for key, setting in _DRAFTER_SETTINGS.items():
                 if key in drafter_table:
@@ -222,7 +239,13 @@ class _Reader:
         quantize = self.string(table, "quantize", f"{section}.quantize", "none")
         if quantize not in QUANTIZE_NAMES:
             raise self.error(f"{section}.quantize", "one of " + ", ".join(QUANTIZE_NAMES), quantize)
-        return ModelSpec(source=self.source_path(source.strip()), dtype=dtype, quantize=quantize)
+        try:
+            location = self.source_path(source.strip())
+        except RuntimeError:  # `~name` of an unknown user, or a loop of symbolic links
+            raise self.error(
+                f"{section}.source", "a path this machine can resolve", source
+            ) from None
+        return ModelSpec(source=location, dtype=dtype, quantize=quantize)
 
     def source_path(self, source: str) -> str:
         """Explicitly relative paths ("./x", "../x") are relative to the config file."""

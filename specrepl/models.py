@@ -370,6 +370,21 @@ def _classify(source: str) -> _Source:
     if source.lower() == EMBEDDED:
         path = embedded_gguf_path()
         return _Source(EMBEDDED, str(path), path)
+    if "://" in source:
+        raise ModelLoadError(
+            f"{source} is a URL: give a hub id (org/name), a model directory or a .gguf file"
+        )
+    try:
+        return _classify_path(source)
+    except ModelLoadError:
+        raise
+    except (OSError, RuntimeError, ValueError) as exc:  # a name too long, `~nobody`, a NUL
+        name = repr(source[:80]) + ("…" if len(source) > 80 else "")
+        reason = getattr(exc, "strerror", None) or _first_line(exc)
+        raise ModelLoadError(f"cannot use {name} as a model path: {reason}") from None
+
+
+def _classify_path(source: str) -> _Source:
     path = Path(source).expanduser()
     if source.lower().endswith(".gguf"):
         if not path.is_file():

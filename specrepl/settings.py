@@ -12,20 +12,42 @@ import math
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
+from .drafters import DRAFTER_KINDS, DrafterOptions
 from .gamma import POLICIES, GammaPolicy, make_policy
 from .processors import PROCESSORS, LogitsProcessor, make_processor
 
 GAMMA_MAX = 64
-DRAFTER_KINDS = ("model", "ngram", "lookup")
 NGRAM_ORDER_MAX = 8
+FILLER_MAX = 64
 MAX_NEW_TOKENS_MAX = 1_000_000
 SEED_MAX = 2**63 - 1
 TEMPERATURE_MAX = 100.0
 TOP_K_MAX = 1_000_000
 
 
+SHOWN_MAX = 40
+"""The most characters of a refused value an error message repeats."""
+
+
 class SettingError(ValueError):
     """A setting was given a value outside its valid range."""
+
+
+def shown(value: Any, limit: int = SHOWN_MAX) -> str:
+    """`repr(value)` for an error message, cut short when it is long.
+
+    Integers too long to print (Python refuses `str` beyond 4300 digits) are
+    described by their size instead, so that building the message never fails.
+    """
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 4 * limit:
+        return f"an integer of about {int(value.bit_length() * math.log10(2)) + 1} digits"
+    if isinstance(value, str):
+        text = repr(value[: limit + 1])  # escapes make a repr up to ten times longer
+        if len(value) <= limit and len(text) <= 2 * limit:
+            return text
+        return f"{text[:limit]}… ({len(value)} characters)"
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 @dataclass(frozen=True)
@@ -55,7 +77,7 @@ class Bound:
         """Return the value in canonical form, or raise SettingError."""
         if value is None and self.optional:
             return None
-        wrong = SettingError(f"{name} must be {self.describe()}, got {value!r}")
+        wrong = SettingError(f"{name} must be {self.describe()}, got {shown(value)}")
         if self.kind is bool:
             if not isinstance(value, bool):
                 raise wrong
@@ -73,7 +95,10 @@ class Bound:
                 raise wrong
             value = int(value)
         else:
-            value = float(value)
+            try:
+                value = float(value) + 0.0  # + 0.0 turns -0.0 into 0.0
+            except OverflowError:  # an integer beyond the largest float
+                raise wrong from None
             if not math.isfinite(value):
                 raise wrong
         if self.low is not None and (
@@ -103,7 +128,9 @@ class Settings:
         0.4, Bound(float, 0, 0.99), "the confidence policy's stop threshold for the model drafter"
     )
     drafter_kind: str = _setting(
-        "model", Bound(str, choices=DRAFTER_KINDS), "what drafts: a model, n-grams or prompt lookup"
+        "model",
+        Bound(str, choices=DRAFTER_KINDS),
+        "what drafts: a model, n-grams, prompt lookup, or hybrid (lookup, else the model)",
     )
     ngram_order: int = _setting(
         3, Bound(int, 2, NGRAM_ORDER_MAX), "longest n-gram the n-gram drafter counts"
@@ -111,8 +138,18 @@ class Settings:
     ngram_keep: bool = _setting(
         False, Bound(bool), "keep the n-gram counts from one prompt to the next"
     )
+    ngram_filler: int = _setting(
+        1,
+        Bound(int, 1, FILLER_MAX),
+        "n-gram drafter also counts the target's top k (1: off)",
+    )
     lookup_max_ngram: int = _setting(
         3, Bound(int, 1, NGRAM_ORDER_MAX), "longest suffix prompt lookup searches for"
+    )
+    drafter_window: int = _setting(
+        0,
+        Bound(int, 0, MAX_NEW_TOKENS_MAX),
+        "model drafter reads the last N prompt tokens (0: all)",
     )
     processor: str = _setting(
         "greedy", Bound(str, choices=tuple(PROCESSORS)), "how tokens are chosen from the logits"
@@ -154,6 +191,16 @@ class Settings:
     def logits_processor(self) -> LogitsProcessor:
         return make_processor(
             self.processor, temperature=self.temperature, top_k=self.top_k, top_p=self.top_p
+        )
+
+    def drafter_options(self) -> DrafterOptions:
+        return DrafterOptions(
+            kind=self.drafter_kind,
+            ngram_order=self.ngram_order,
+            ngram_keep=self.ngram_keep,
+            top_k_filler=self.ngram_filler,
+            lookup_max_ngram=self.lookup_max_ngram,
+            window=self.drafter_window or None,
         )
 
     def gamma_policy_object(self) -> GammaPolicy:

@@ -26,7 +26,7 @@ from specrepl.models import ModelPair
 from specrepl.processors import PROCESSORS
 from specrepl.render import Renderer
 from specrepl.session import ChatSession
-from specrepl.settings import GAMMA_MAX, Settings
+from specrepl.settings import DRAFTER_KINDS, GAMMA_MAX, Settings
 
 
 @pytest.fixture
@@ -56,6 +56,11 @@ def settings_after(session: ChatSession, line: str) -> Settings:
             {"drafter_kind": "ngram", "ngram_order": 5, "ngram_keep": True},
         ),
         ("/kind lookup 2", {"drafter_kind": "lookup", "lookup_max_ngram": 2}),
+        (
+            "/kind hybrid 4 256",
+            {"drafter_kind": "hybrid", "lookup_max_ngram": 4, "drafter_window": 256},
+        ),
+        ("/kind ngram 4 off 3", {"drafter_kind": "ngram", "ngram_order": 4, "ngram_filler": 3}),
         ("/ngram", {"drafter_kind": "ngram"}),
         ("/ngram off", {"drafter_kind": "model"}),
         ("/length 200", {"max_new_tokens": 200}),
@@ -119,7 +124,8 @@ def test_valid_commands_change_exactly_their_settings(
         ("/confidence 1", "confidence must be a number >= 0 and <= 0.99"),
         ("/drafter_kind beam", "kind must be one of model, ngram, lookup"),
         ("/drafter_kind ngram 1", "order must be an integer >= 2"),
-        ("/drafter_kind model 3", "unexpected argument '3'"),
+        ("/drafter_kind model 3 4", "unexpected argument '4'"),
+        ("/drafter_kind model -1", "window must be an integer >= 0"),
         ("/drafter_kind lookup order=3", "lookup takes no order"),
         ("/ngram maybe", "on must be one of on, off"),
         ("/length 0", "max_new_tokens must be an integer >= 1"),
@@ -336,7 +342,7 @@ def test_a_new_command_gets_help_and_completion_for_free() -> None:
         ("/chat of", "of", ["off"]),
         ("/help ga", "ga", ["gamma"]),
         ("/gamma ", "", ["fixed", "heuristic", "confidence", "auto"]),
-        ("/drafter_kind ", "", ["model", "ngram", "lookup"]),
+        ("/drafter_kind ", "", list(DRAFTER_KINDS)),
         ("/system Be", "Be", []),
         ("/nothing x", "x", []),
         ("hello wor", "wor", []),

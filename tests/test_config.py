@@ -178,3 +178,118 @@ def test_model_spec_validates_itself() -> None:
         ModelSpec("x", quantize="3bit")
     with pytest.raises(ValueError, match="source"):
         ModelSpec(" ")
+
+
+TARGET = '[target]\nsource = "embedded"\n'
+
+
+@pytest.mark.parametrize(
+    ("text", "key", "expected"),
+    [
+        # unknown keys, at the top and in each table
+        (TARGET + 'sorce = "x"\n', "target.sorce", "did you mean 'source'?"),
+        (TARGET + "[target.extra]\nx = 1\n", "target.extra", "known keys: source, dtype"),
+        (TARGET + '[drafter]\nkind = "ngram"\nordr = 3\n', "drafter.ordr", "'order'"),
+        (TARGET + "[generation]\ntemprature = 0.5\n", "generation.temprature", "'temperature'"),
+        ("trust_remote = true\n" + TARGET, "trust_remote", "'trust_remote_code'"),
+        # wrong types
+        ("[target]\nsource = 5\n", "target.source", "expected a string, got 5"),
+        (TARGET.replace('"embedded"', '["embedded"]'), "target.source", "expected a string"),
+        (TARGET + "dtype = 16\n", "target.dtype", "expected a string, got 16"),
+        ("device = 0\n" + TARGET, "device", "expected a string, got 0"),
+        (TARGET + "[drafter]\nkind = 1\n", "drafter.kind", "expected a string, got 1"),
+        (TARGET + '[drafter]\nkind = "ngram"\norder = "x"\n', "drafter.order", "an integer >= 2"),
+        (
+            TARGET + '[drafter]\nkind = "ngram"\nkeep_between_prompts = "yes"\n',
+            "drafter.keep_between_prompts",
+            "expected on or off, got 'yes'",
+        ),
+        ("generation = 5\n" + TARGET, "generation", "expected a table ([generation]), got 5"),
+        (TARGET + '[generation]\ngamma = "4"\n', "generation.gamma", "an integer >= 1"),
+        (TARGET + "[generation]\ngamma = true\n", "generation.gamma", "got True"),
+        (TARGET + "[generation]\ngamma = 2.5\n", "generation.gamma", "got 2.5"),
+        (TARGET + "[generation]\nseed = [1]\n", "generation.seed", "an integer >= 0"),
+        (TARGET + '[generation]\ntemperature = "hot"\n', "generation.temperature", "a number > 0"),
+        (TARGET + "[generation]\nsystem_prompt = 5\n", "generation.system_prompt", "text"),
+        (TARGET + "[generation]\nchat = 1\n", "generation.chat", "expected on or off, got 1"),
+        # impossible values
+        (TARGET + "[generation]\ngamma = 65\n", "generation.gamma", "<= 64, got 65"),
+        (TARGET + "[generation]\ntemperature = -1.0\n", "generation.temperature", "> 0 and"),
+        (TARGET + "[generation]\ntemperature = 0\n", "generation.temperature", "> 0 and"),
+        (TARGET + "[generation]\ntemperature = nan\n", "generation.temperature", "got nan"),
+        (TARGET + "[generation]\ntemperature = inf\n", "generation.temperature", "got inf"),
+        (
+            TARGET + "[generation]\ntemperature = 1" + "0" * 400 + "\n",
+            "generation.temperature",
+            "got an integer of about 401 digits",
+        ),
+        (TARGET + "[generation]\ntop_p = 0.0\n", "generation.top_p", "a number > 0 and <= 1"),
+        (TARGET + "[generation]\ntop_p = 1.5\n", "generation.top_p", "a number > 0 and <= 1"),
+        (TARGET + "[generation]\ntop_k = 0\n", "generation.top_k", "an integer >= 1"),
+        (TARGET + "[generation]\nmax_new_tokens = 0\n", "generation.max_new_tokens", ">= 1"),
+        (TARGET + "[generation]\nseed = -1\n", "generation.seed", "an integer >= 0"),
+        (TARGET + "[generation]\nconfidence = 1.0\n", "generation.confidence", "<= 0.99"),
+        (TARGET + '[generation]\nprocessor = "beam"\n', "generation.processor", "one of greedy"),
+        (
+            TARGET + '[generation]\ngamma_policy = "sometimes"\n',
+            "generation.gamma_policy",
+            "one of fixed",
+        ),
+        (TARGET + '[drafter]\nkind = "lookup"\nmax_ngram = 0\n', "drafter.max_ngram", ">= 1"),
+        (TARGET + '[drafter]\nkind = "Model"\n', "drafter.kind", "one of 'model'"),
+        ('[target]\nsource = ""\n', "target.source", "a non-empty string, got ''"),
+        ('[target]\nsource = "   "\n', "target.source", "a non-empty string"),
+        (
+            '[target]\nsource = "~specrepl-no-such-user/model"\n',
+            "target.source",
+            "a path this machine can resolve",
+        ),
+        ('device = "cuda:x"\n' + TARGET, "device", "one of auto, cpu, cuda, cuda:N, mps"),
+        (TARGET + "[target.quantize]\nbits = 4\n", "target.quantize", "expected a string"),
+        (
+            TARGET + '[drafter]\nkind = "ngram"\ndtype = "int8"\n',
+            "drafter.dtype",
+            "no dtype without drafter.source",
+        ),
+        (
+            TARGET + '[drafter]\nkind = "lookup"\nquantize = "4bit"\n',
+            "drafter.quantize",
+            "no quantize without drafter.source",
+        ),
+    ],
+)
+def test_every_mistake_names_file_key_and_expectation(
+    tmp_path: Path, text: str, key: str, expected: str
+) -> None:
+    message = expect_error(write(tmp_path, text), f": {key}: ", expected)
+    assert "\n" not in message and len(message) < len(str(tmp_path)) + 500
+
+
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [
+        ('[target]\nsource = "embedded\n', "not valid TOML: Illegal character '\\n' (at line 2"),
+        ('[target]\nsource = "a"\nsource = "b"\n', "not valid TOML: Cannot overwrite a value"),
+        ("[target\n", "not valid TOML: Expected ']' at the end of a table declaration"),
+        ("seed = " + "9" * 5000 + "\n", "not valid TOML: Exceeds the limit"),
+        ("a = " + "[" * 100_000 + "]" * 100_000 + "\n", "arrays or tables nested too deeply"),
+        (b"\xff\xfe[target]\n", "cannot read the file"),
+    ],
+)
+def test_unreadable_files_name_the_file_and_the_problem(
+    tmp_path: Path, content: str | bytes, expected: str
+) -> None:
+    path = tmp_path / "bad.toml"
+    if isinstance(content, bytes):
+        path.write_bytes(content)
+    else:
+        path.write_text(content, encoding="utf-8")
+    message = expect_error(path, expected)
+    assert "\n" not in message and len(message) < len(str(path)) + 300
+
+
+def test_a_directory_or_a_device_is_no_config(tmp_path: Path) -> None:
+    expect_error(tmp_path, "is a directory, expected a .toml file")
+    devnull = Path("/dev/null")
+    if devnull.exists():  # read to the end it is empty; refused before that as no file
+        expect_error(devnull, "not a regular file, expected a .toml file")

@@ -9,12 +9,15 @@ from __future__ import annotations
 import json
 import os
 import re
+import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import huggingface_hub.constants
 import pytest
 import torch
+import transformers.dynamic_module_utils
 from tokenizers import AddedToken
 from transformers import GenerationConfig
 
@@ -184,6 +187,15 @@ def test_drafter_directory_with_another_vocabulary_is_refused(tmp_path: Path) ->
         load_pair(str(target), str(other))
 
 
+def test_drafter_directory_with_a_longer_vocabulary_is_refused(tmp_path: Path) -> None:
+    target = save_tiny(tmp_path / "target")
+    other = save_tiny(tmp_path / "other", 40)
+    with pytest.raises(IncompatibleTokenizersError) as error:
+        load_pair(str(target), str(other))
+    assert "32 tokens and the drafter's 40" in str(error.value)
+    assert "token id 32, which only the drafter has ('w32')" in str(error.value)
+
+
 @pytest.mark.parametrize("bits", ["8bit", "4bit"])
 def test_bitsandbytes_quantized_drafter(tmp_path: Path, bits: str) -> None:
     pytest.importorskip("bitsandbytes")
@@ -215,6 +227,95 @@ def test_remote_code_needs_the_flag(tmp_path: Path) -> None:
         load_pair(str(directory))
 
 
+# Repository code that leaves a mark when it runs: proof of whether it ran.
+CUSTOM_MODEL_CODE = """\
+import pathlib
+pathlib.Path({marker!r}).write_text("ran")
+from transformers import LlamaConfig, LlamaForCausalLM
+class CustomConfig(LlamaConfig):
+    model_type = "specrepl-custom"
+class CustomModel(LlamaForCausalLM):
+    config_class = CustomConfig
+"""
+CUSTOM_TOKENIZER_CODE = """\
+import pathlib
+pathlib.Path({marker!r}).write_text("ran")
+from transformers import PreTrainedTokenizerFast
+class CustomTokenizer(PreTrainedTokenizerFast):
+    pass
+"""
+
+
+@pytest.fixture
+def modules_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """transformers' copy of repository code goes to tmp_path and is forgotten afterwards."""
+    cache = tmp_path / "modules"
+    monkeypatch.setattr(transformers.dynamic_module_utils, "HF_MODULES_CACHE", str(cache))
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    for name in [name for name in sys.modules if name.startswith("transformers_modules")]:
+        monkeypatch.delitem(sys.modules, name)
+    yield cache
+    for name in [name for name in sys.modules if name.startswith("transformers_modules")]:
+        del sys.modules[name]
+
+
+def with_custom_code(directory: Path, part: str, *, model_type: str) -> Path:
+    """Point the directory's model or tokenizer at code of its own; returns the marker path."""
+    marker = directory.parent / f"{part}-code-ran"
+    if part == "model":
+        (directory / "modeling_custom.py").write_text(CUSTOM_MODEL_CODE.format(marker=str(marker)))
+        (directory / "configuration_custom.py").write_text(
+            CUSTOM_MODEL_CODE.format(marker=str(marker))
+        )
+        config = json.loads((directory / "config.json").read_text())
+        config["model_type"] = model_type
+        config["auto_map"] = {
+            "AutoConfig": "configuration_custom.CustomConfig",
+            "AutoModelForCausalLM": "modeling_custom.CustomModel",
+        }
+        (directory / "config.json").write_text(json.dumps(config))
+    else:
+        code = CUSTOM_TOKENIZER_CODE.format(marker=str(marker))
+        (directory / "tokenization_custom.py").write_text(code)
+        config = json.loads((directory / "tokenizer_config.json").read_text())
+        config["tokenizer_class"] = "CustomTokenizer"
+        config["auto_map"] = {"AutoTokenizer": [None, "tokenization_custom.CustomTokenizer"]}
+        (directory / "tokenizer_config.json").write_text(json.dumps(config))
+    return marker
+
+
+@pytest.mark.parametrize("part", ["model", "tokenizer"])
+def test_remote_code_is_refused_and_never_run(
+    tmp_path: Path, modules_cache: Path, part: str
+) -> None:
+    directory = save_tiny(tmp_path / "custom")
+    marker = with_custom_code(directory, part, model_type="specrepl-custom")
+    with pytest.raises(ModelLoadError) as error:
+        load_pair(str(directory))
+    message = str(error.value)
+    assert "--trust-remote-code" in message and "trust_remote_code = true" in message
+    assert str(directory) in message and "\n" not in message
+    assert not marker.exists()
+    assert not list(modules_cache.rglob("*.py"))  # not even copied where it would be imported
+    # the control: opted in, the same files do run, so the checks above can fail
+    pair = load_pair(str(directory), trust_remote_code=True)
+    assert marker.read_text() == "ran"
+    assert type(pair.tokenizer if part == "tokenizer" else pair.target.model).__name__.startswith(
+        "Custom"
+    )
+
+
+def test_a_known_architecture_ignores_the_repository_code(
+    tmp_path: Path, modules_cache: Path
+) -> None:
+    """An auto_map next to a model type transformers knows: its own class, no remote code."""
+    directory = save_tiny(tmp_path / "custom")
+    marker = with_custom_code(directory, "model", model_type="llama")
+    pair = load_pair(str(directory))
+    assert type(pair.target.model).__name__ == "LlamaForCausalLM"
+    assert not marker.exists()
+
+
 # -- sources that cannot be loaded --------------------------------------------------------
 
 
@@ -227,6 +328,24 @@ def test_hub_id_offline_points_to_the_embedded_model(monkeypatch: pytest.MonkeyP
     assert "could not reach" in message and "--target embedded" in message
     assert "\n" not in message
     assert time.perf_counter() - start < 10
+
+
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [
+        ("https://huggingface.co/org/name", "is a URL: give a hub id (org/name), a model"),
+        ("hf://org/name", "is a URL"),
+        ("x" * 300, "cannot use 'xxxxxxxx"),
+        ("~specrepl-no-such-user/model", "cannot use '~specrepl-no-such-user/model' as a"),
+        ("bad id!", "could not load the target bad id!"),
+        ("a/b/c", "no such model directory: a/b/c"),
+    ],
+)
+def test_sources_that_are_no_model(source: str, expected: str) -> None:
+    with pytest.raises(ModelLoadError) as error:
+        load_pair(source)
+    message = str(error.value)
+    assert expected in message and "\n" not in message and len(message) < 300
 
 
 def test_missing_paths(tmp_path: Path) -> None:
