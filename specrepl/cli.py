@@ -3,9 +3,13 @@
 Reads the config (`configs/default.toml` or `--config`), lets flags override
 it, loads the model pair and then either opens the REPL or, with `--prompt`,
 answers one prompt and exits (`--json` for one JSON object on stdout).
-Subcommands (such as a later `bench`) register a `Subcommand` in
-`SUBCOMMANDS` and reuse `add_model_options`, `add_setting_options`,
-`app_config` and `load_models`.
+Subcommands (`bench`, `soak`) register a `Subcommand` in `SUBCOMMANDS` and
+reuse `add_model_options`, `add_setting_options`, `app_config` and
+`load_models`.
+
+Exit statuses: 0; 1 (a model failed to load, a refusal, a failed soak); 2 (a
+bad flag or config); 130 (Ctrl-C, at any stage: a short message, no
+traceback); 143 (SIGTERM while the REPL runs: "Terminated.", see repl.py).
 
 This module wires the parts together; it does not print (render.py does),
 does not parse REPL commands (commands.py) and knows nothing about decoding.
@@ -14,6 +18,9 @@ does not parse REPL commands (commands.py) and knows nothing about decoding.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
+import os
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -21,7 +28,8 @@ from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
-from . import bench, repl
+from . import bench, repl, soak
+from .commands import parse_integer, parse_number
 from .compatibility import IncompatibleTokenizersError
 from .config import (
     DTYPE_NAMES,
@@ -36,7 +44,7 @@ from .models import ModelLoadError, load_pair
 from .processors import PROCESSORS
 from .render import Renderer
 from .session import ChatSession
-from .settings import SettingError, Settings
+from .settings import SettingError, Settings, shown
 
 if TYPE_CHECKING:
     from .models import ModelPair
@@ -75,12 +83,76 @@ def _run_bench(args: argparse.Namespace) -> int:
     return bench.run(args, Console(highlight=False))
 
 
+def _run_soak(args: argparse.Namespace) -> int:
+    """`python infer.py soak`: many prompts in one session; see soak.py."""
+    renderer = Renderer(Console(highlight=False), status_console=Console(stderr=True))
+    prompts, warmup = args.soak_prompts, args.warmup
+    if prompts < 1 or args.reset_every < 0 or not 0 <= (warmup or 0) <= prompts:
+        renderer.fatal("soak: need --prompts >= 1, --reset-every >= 0, 0 <= --warmup <= --prompts")
+        return EXIT_USAGE
+    max_growth = None if args.max_growth_mib is None else int(args.max_growth_mib * soak.MIB)
+    started = _start(args, renderer)
+    if isinstance(started, int):
+        return started
+    config, session = started
+    try:
+        renderer.loaded(session.pair)
+        # each answer is streamed and drawn as in the REPL, into nowhere
+        with open(os.devnull, "w", encoding="utf-8") as sink:
+            drawer = Renderer(Console(file=sink, width=100))
+            with renderer.progress("soak", prompts) as advance:
+                result = soak.soak(
+                    session,
+                    prompts,
+                    reset_every=args.reset_every,
+                    warmup=warmup,
+                    check=args.soak_check,
+                    renderer=drawer,
+                    on_prompt=advance,
+                )
+        renderer.soak_report(result, max_growth)
+    except KeyboardInterrupt:
+        return _interrupted(renderer, "Interrupted.")
+    grew_too_much = max_growth is not None and (result.growth or 0) > max_growth
+    if args.json_out:
+        payload = {
+            "config": {
+                **session.settings.as_dict(),
+                "config_file": None if config.path is None else str(config.path),
+                "device": str(session.pair.device),
+                "target": session.pair.target.to_dict(),
+                "drafter": session.pair.drafter.to_dict() if session.pair.drafter else None,
+                "prompts": prompts,
+                "reset_every": args.reset_every,
+                "checked": args.soak_check,
+                "max_growth": max_growth,
+            },
+            "passed": result.ok and not grew_too_much,
+            "result": result.to_dict(),
+        }
+        try:
+            with open(args.json_out, "w", encoding="utf-8") as out:
+                json.dump(payload, out, indent=2)
+        except OSError as error:
+            renderer.fatal(f"--json: cannot write {args.json_out}: {error}")
+            return EXIT_FAILED
+    if result.interrupted:
+        return EXIT_INTERRUPTED
+    return EXIT_FAILED if result.mismatches or grew_too_much else EXIT_OK
+
+
 SUBCOMMANDS: list[Subcommand] = [
     Subcommand(
         "bench",
         "measure speed against the peers on Spec-Bench prompts (bench --help)",
         bench.add_arguments,
         _run_bench,
+    ),
+    Subcommand(
+        "soak",
+        "answer many prompts in one session, watching memory and determinism (soak --help)",
+        soak.add_arguments,
+        _run_soak,
     ),
 ]
 
@@ -102,7 +174,9 @@ _SETTING_FLAGS = (
     _SettingFlag("--drafter-kind", "drafter_kind"),
     _SettingFlag("--ngram-order", "ngram_order"),
     _SettingFlag("--ngram-keep", "ngram_keep", True),
+    _SettingFlag("--ngram-filler", "ngram_filler"),
     _SettingFlag("--lookup-max-ngram", "lookup_max_ngram"),
+    _SettingFlag("--drafter-window", "drafter_window"),
     _SettingFlag("--processor", "processor"),
     _SettingFlag("--temperature", "temperature"),
     _SettingFlag("--top-k", "top_k"),
@@ -160,6 +234,26 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _flag_type(kind: type) -> Callable[[str], Any]:
+    """Numbers as the REPL reads them: plain ASCII decimals only (no `1_0`, no `٣`)."""
+    if kind is int:
+        parse: Callable[[str], Any] = parse_integer
+    elif kind is float:
+        parse = parse_number
+    else:
+        return str
+
+    def convert(token: str) -> Any:
+        value = parse(token)
+        if value is None:
+            noun = "an integer" if kind is int else "a number"
+            raise argparse.ArgumentTypeError(f"expected {noun}, got {shown(token)}")
+        return value
+
+    convert.__name__ = kind.__name__  # argparse names the type in its message
+    return convert
+
+
 def add_setting_options(parser: argparse.ArgumentParser) -> None:
     """One flag per session setting; each overrides the config's value."""
     group = parser.add_argument_group("generation settings (override the config)")
@@ -182,7 +276,7 @@ def add_setting_options(parser: argparse.ArgumentParser) -> None:
         group.add_argument(
             flag.flag,
             dest=flag.setting,
-            type=kind,
+            type=_flag_type(kind),
             metavar=metavar,
             default=None,
             help=help + valid,
@@ -296,6 +390,13 @@ def one_shot_payload(config: AppConfig, pair: ModelPair, answer: Answer) -> dict
     }
 
 
+def _interrupted(renderer: Renderer, message: str) -> int:
+    """Report Ctrl-C and return 130; a second Ctrl-C only cuts the message short."""
+    with contextlib.suppress(KeyboardInterrupt):
+        renderer.fatal(message)
+    return EXIT_INTERRUPTED
+
+
 def _one_shot(
     config: AppConfig, session: ChatSession, renderer: Renderer, args: argparse.Namespace
 ) -> int:
@@ -311,6 +412,23 @@ def _one_shot(
     return EXIT_FAILED if answer.refusal is not None else EXIT_OK
 
 
+def _start(args: argparse.Namespace, renderer: Renderer) -> tuple[AppConfig, ChatSession] | int:
+    """The config and a session on its loaded models, or the exit code after a
+    message: a bad config or flag, a model that cannot load, or Ctrl-C."""
+    try:
+        config = app_config(args)
+    except (ConfigError, SettingError, ValueError) as error:
+        renderer.fatal(str(error))
+        return EXIT_USAGE
+    try:
+        return config, load_models(config, renderer)
+    except (ModelLoadError, IncompatibleTokenizersError) as error:
+        renderer.fatal(str(error))
+        return EXIT_FAILED
+    except KeyboardInterrupt:
+        return _interrupted(renderer, "Interrupted while loading the models.")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run specrepl with `argv` (default: the process's arguments); returns the exit status."""
     parser = build_parser()
@@ -321,21 +439,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.json and args.prompt is None:
         parser.error("--json needs --prompt")
     renderer = Renderer(Console(highlight=False), status_console=Console(stderr=True))
+    started = _start(args, renderer)
+    if isinstance(started, int):
+        return started
+    config, session = started
     try:
-        config = app_config(args)
-    except (ConfigError, SettingError, ValueError) as error:
-        renderer.fatal(str(error))
-        return EXIT_USAGE
-    try:
-        session = load_models(config, renderer)
-    except (ModelLoadError, IncompatibleTokenizersError) as error:
-        renderer.fatal(str(error))
-        return EXIT_FAILED
+        if not args.json:
+            renderer.loaded(session.pair)
+        if args.prompt is not None:
+            return _one_shot(config, session, renderer, args)
+        # the REPL handles Ctrl-C itself; one can still land in its welcome or goodbye
+        return repl.run(session, renderer, repl.make_reader(session, renderer, stdin=sys.stdin))
     except KeyboardInterrupt:
-        renderer.fatal("Interrupted while loading the models.")
-        return EXIT_INTERRUPTED
-    if not args.json:
-        renderer.loaded(session.pair)
-    if args.prompt is not None:
-        return _one_shot(config, session, renderer, args)
-    return repl.run(session, renderer, repl.make_reader(session, renderer, stdin=sys.stdin))
+        return _interrupted(renderer, "Interrupted.")

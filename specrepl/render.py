@@ -3,8 +3,9 @@
 This is the only module that prints. It draws the loaded models, the result of
 each command, the streamed answer of each generator (a panel per generator,
 updated as steps arrive; in debug mode the accepted, rejected and corrected
-tokens of every speculative step), the summary table with the speedup, and the
-per-position acceptance histogram. `settings_line` gives the one-line summary
+tokens of every speculative step), the summary table with the speedup, the
+per-position acceptance histogram, and the progress and result of a soak.
+`settings_line` gives the one-line summary
 that the REPL puts in its bottom toolbar.
 
 It reads results and events; it never changes settings, never calls a model,
@@ -25,6 +26,7 @@ from rich import box
 from rich.console import Console, Group, RenderableType
 from rich.live import Live
 from rich.panel import Panel
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
 
@@ -44,6 +46,7 @@ from .settings import Settings
 
 if TYPE_CHECKING:
     from .models import LoadedModel, ModelPair
+    from .soak import SoakResult
 
 __all__ = ["AnswerView", "Renderer", "format_value", "settings_line"]
 
@@ -65,15 +68,22 @@ SUMMARY_LEGEND = (
     "forward pass; speedup is tokens/s over the target-only run."
 )
 BAR_WIDTH = 30
+MISMATCHES_SHOWN = 10
+
+
+VALUE_SHOWN_MAX = 60
 
 
 def format_value(value: Any) -> str:
-    """A setting's value as the user types it."""
+    """A setting's value as the user types it; a long text is cut, with its length."""
     if isinstance(value, bool):
         return "on" if value else "off"
     if value is None:
         return "none"
-    return str(value)
+    text = str(value)
+    if len(text) > VALUE_SHOWN_MAX:
+        return f"{text[:VALUE_SHOWN_MAX]}… ({len(text)} characters)"
+    return text
 
 
 def settings_line(settings: Settings) -> str:
@@ -107,6 +117,16 @@ def _bytes(value: int) -> str:
         if value >= size:
             return f"{value / size:.1f} {unit}"
     return f"{value} B"
+
+
+def _signed_bytes(value: int | None) -> str:
+    if value is None:
+        return DASH
+    return ("+" if value >= 0 else "-") + _bytes(abs(value))
+
+
+def _maybe_bytes(value: int | None) -> str:
+    return DASH if value is None else _bytes(value)
 
 
 def _table(title: str | None = None) -> Table:
@@ -284,8 +304,18 @@ class Renderer:
         """An error that ends the program (shown with the start-up messages, on stderr)."""
         self.status_console.print(Text("✗ ", style="bold red") + Text(message), soft_wrap=True)
 
-    def interrupted(self) -> None:
-        self.console.print("Interrupted; the session is unchanged.", style="yellow")
+    def interrupted(self, changed: bool = False) -> None:
+        """Ctrl-C ended a command or an answer; `changed`: it had already changed
+        the session (a setting, or an answer added to the history) when it came."""
+        if changed:
+            message = "Interrupted while drawing; the change to the session is kept."
+        else:
+            message = "Interrupted; the session is unchanged."
+        self.console.print(message, style="yellow")
+
+    def terminated(self) -> None:
+        """SIGTERM ended the REPL (shown with the start-up messages, on stderr)."""
+        self.status_console.print("Terminated.", style="yellow")
 
     def json(self, payload: object) -> None:
         """One JSON document on its own line, for scripts (no markup, no wrapping)."""
@@ -480,6 +510,82 @@ class Renderer:
             style="dim",
         )
         return Group(legend, positions, lengths)
+
+    # -- soak --------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def progress(self, what: str, total: int) -> Iterator[Callable[[int, int], None]]:
+        """A bar on a terminal, else a line every tenth of the way; yields
+        `advance(done, total)`. Shown with the start-up messages (stderr)."""
+        console = self.status_console
+        if not console.is_terminal:
+            every = max(1, total // 10)
+
+            def line(done: int, total: int) -> None:
+                if done % every == 0 or done == total:
+                    console.print(Text(f"  {what}: {done}/{total}", style="dim"))
+
+            yield line
+            return
+        columns = (TextColumn(what), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+        with Progress(*columns, console=console, transient=True) as bar:
+            task = bar.add_task(what, total=total)
+            yield lambda done, total: bar.update(task, completed=done, total=total)
+
+    def soak_report(self, result: SoakResult, max_growth: int | None = None) -> None:
+        """The soak's counts, memory figures and mismatches, and a verdict
+        (`max_growth`: the RSS growth in bytes allowed after the warm-up)."""
+        table = _table("soak")
+        table.add_column("", style="bold")
+        table.add_column("", justify="right")
+        rows = (
+            ("prompts answered", str(result.prompts)),
+            ("compared with a fresh session", str(result.compared)),
+            ("not repeatable, not compared", str(result.skipped)),
+            ("refused", str(result.refusals)),
+            ("history resets", str(result.resets)),
+            ("seconds", f"{result.seconds:.1f}"),
+            ("RSS at the start", _bytes(result.rss_start)),
+            (
+                f"RSS after the warm-up ({result.warmup} prompts)",
+                _maybe_bytes(result.rss_after_warmup),
+            ),
+            ("RSS at the end", _maybe_bytes(result.rss_end)),
+            ("growth after the warm-up", _signed_bytes(result.growth)),
+            ("highest growth after the warm-up", _signed_bytes(result.max_growth)),
+            ("mismatches", str(len(result.mismatches))),
+        )
+        for name, value in rows:
+            table.add_row(name, value)
+        self.console.print(table)
+        for mismatch in result.mismatches[:MISMATCHES_SHOWN]:
+            self.error(
+                f"prompt {mismatch.prompt_index + 1} ({mismatch.prompt!r}): {mismatch.what} "
+                f"differs from a fresh session",
+                f"expected {mismatch.expected}, got {mismatch.got}" if mismatch.expected else None,
+            )
+        hidden = len(result.mismatches) - MISMATCHES_SHOWN
+        if hidden > 0:
+            self.console.print(Text(f"… and {hidden} more mismatches", style="red"))
+        grew_too_much = (
+            max_growth is not None and result.growth is not None and result.growth > max_growth
+        )
+        if result.interrupted:
+            self.console.print(
+                "Interrupted: the figures cover the prompts answered.", style="yellow"
+            )
+        elif result.mismatches or grew_too_much:
+            limit = "" if max_growth is None else f" (allowed: {_bytes(max_growth)})"
+            self.console.print(
+                f"FAILED: {len(result.mismatches)} mismatches; RSS grew "
+                f"{_signed_bytes(result.growth)} after the warm-up{limit}.",
+                style="bold red",
+            )
+        else:
+            self.console.print(
+                f"OK: no mismatches; RSS grew {_signed_bytes(result.growth)} after the warm-up.",
+                style="bold green",
+            )
 
     # -- models ------------------------------------------------------------
 

@@ -3,9 +3,12 @@
 Thin on purpose: lines come from a `LineReader` (prompt_toolkit on a terminal,
 plain lines from a pipe), commands go to the registry, prompts to the
 `ChatSession`, and everything that is shown goes through the `Renderer`.
-Ctrl-C at the prompt clears the line, Ctrl-C while generating returns to the
-prompt with the session intact, Ctrl-D or `/quit` ends the loop; any other
-error is shown and the loop goes on.
+Ctrl-C at the prompt clears the line; Ctrl-C while generating or drawing
+returns to the prompt (and says whether the session changed), also when a
+second Ctrl-C lands while the first one is being reported. Ctrl-D or `/quit`
+ends the loop; any other error is shown and the loop goes on. While the loop
+runs, SIGTERM unwinds it like an exception, so that the terminal is restored
+(echo, raw mode, live panels) before the process exits with status 143.
 
 This module does not print, does not parse command arguments and knows
 nothing about models or how tokens are generated.
@@ -16,10 +19,13 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import signal
 import sys
+import threading
 from collections.abc import Iterator
 from contextlib import AbstractContextManager
 from pathlib import Path
+from types import FrameType
 from typing import Protocol, TextIO
 
 from prompt_toolkit import PromptSession
@@ -35,18 +41,61 @@ from .render import Renderer, settings_line
 from .session import ChatSession
 
 __all__ = [
+    "EXIT_TERMINATED",
     "PROMPT",
     "LineReader",
     "PipeReader",
     "RegistryCompleter",
     "TerminalReader",
+    "Terminated",
     "default_history_path",
     "handle_line",
     "make_reader",
     "run",
+    "sigterm_unwinds",
 ]
 
 PROMPT = "› "
+EXIT_TERMINATED = 128 + signal.SIGTERM
+"""The status after SIGTERM: what a shell reports for a process that SIGTERM
+killed (143), so that a script can tell it from an ordinary end (0)."""
+
+
+class Terminated(SystemExit):
+    """SIGTERM arrived while the REPL ran.
+
+    A `SystemExit` (status 143) so that `except Exception` does not swallow
+    it and, should it escape, Python exits quietly with that status.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(EXIT_TERMINATED)
+
+
+@contextlib.contextmanager
+def sigterm_unwinds() -> Iterator[None]:
+    """Within the block, the first SIGTERM raises `Terminated` in the main thread
+    (later ones are ignored while it unwinds); the previous handler is put back
+    afterwards. Does nothing outside the main thread, where Python cannot set
+    signal handlers.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    fired = False
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        nonlocal fired
+        if not fired:
+            fired = True
+            raise Terminated
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        # None: the previous handler was not set from Python; the default is the best guess
+        signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
 
 
 class LineReader(Protocol):
@@ -121,6 +170,8 @@ def _history(path: Path | None) -> History:
     try:
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         path.touch(mode=0o600, exist_ok=True)
+        if path.stat().st_mode & 0o077:  # made by something else, or before this rule
+            path.chmod(0o600)
     except OSError:
         return InMemoryHistory()
     return FileHistory(str(path))
@@ -210,29 +261,49 @@ def handle_line(
     return True
 
 
+def _turn(
+    session: ChatSession, renderer: Renderer, reader: LineReader, registry: CommandRegistry
+) -> bool:
+    """Read and handle one line; False at the end of the input or after `/quit`."""
+    try:
+        line = reader.read()
+    except KeyboardInterrupt:
+        return True
+    except EOFError:
+        return False
+    history, settings = list(session.history), session.settings
+    try:
+        with reader.busy():
+            return handle_line(line, session, renderer, registry)
+    except KeyboardInterrupt:
+        # e.g. while the summary was drawn: the answer may already be in the history
+        renderer.interrupted(session.history != history or session.settings != settings)
+    except Exception as error:  # the loop outlives any one failure
+        renderer.error(f"{type(error).__name__}: {error}")
+    return True
+
+
 def run(
     session: ChatSession,
     renderer: Renderer,
     reader: LineReader,
     registry: CommandRegistry = REGISTRY,
 ) -> int:
-    """The loop; returns the exit status (0)."""
-    renderer.welcome(reader.interactive)
-    while True:
+    """The loop; returns the exit status: 0, or `EXIT_TERMINATED` after SIGTERM.
+
+    Ctrl-C during the welcome or the goodbye is left to the caller.
+    """
+    with sigterm_unwinds():
         try:
-            line = reader.read()
-        except KeyboardInterrupt:
-            continue
-        except EOFError:
-            break
-        try:
-            with reader.busy():
-                going_on = handle_line(line, session, renderer, registry)
-            if not going_on:
-                break
-        except KeyboardInterrupt:
-            renderer.interrupted()
-        except Exception as error:  # the loop outlives any one failure
-            renderer.error(f"{type(error).__name__}: {error}")
-    renderer.goodbye()
+            renderer.welcome(reader.interactive)
+            while True:
+                try:
+                    if not _turn(session, renderer, reader, registry):
+                        break
+                except KeyboardInterrupt:
+                    continue  # a second Ctrl-C while the first one was being reported
+            renderer.goodbye()
+        except Terminated:
+            renderer.terminated()
+            return EXIT_TERMINATED
     return 0

@@ -116,6 +116,7 @@ def test_flags_override_the_config(config_file: Path) -> None:
     [
         (["--gamma", "0"], "--gamma: gamma must be an integer >= 1 and <= 64, got 0"),
         (["--top-p", "1.5"], "--top-p: top_p must be a number > 0 and <= 1"),
+        (["--drafter-window", "-5"], "drafter_window must be an integer >= 0"),
         (["--processor", "beam"], "--processor: processor must be one of greedy"),
     ],
 )
@@ -126,6 +127,23 @@ def test_a_bad_flag_value_is_refused_before_loading(
     assert code == 2
     assert message in " ".join(err.split())
     assert "Loading" not in err
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--gamma", "1_0"], "argument --gamma: expected an integer, got '1_0'"),
+        (["--seed", "\u0663"], "argument --seed: expected an integer"),
+        (["--temperature", "warm"], "argument --temperature: expected a number, got 'warm'"),
+    ],
+)
+def test_flag_numbers_are_plain_decimals(
+    capsys: pytest.CaptureFixture[str], argv: list[str], message: str
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(argv)
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
 
 
 def test_a_bad_config_file_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -143,6 +161,19 @@ def test_a_model_that_cannot_load_is_a_message(
     )
     assert code == 1
     assert "✗" in err and "Traceback" not in err
+
+
+def test_a_pair_with_different_tokenizers_is_a_message(
+    tmp_path: Path, config_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    other = tmp_path / "other"
+    tiny_llama(32, seed=9).save_pretrained(other)
+    tiny_tokenizer(32, word_prefix="v").save_pretrained(other)  # same size, other strings
+    code, _, err = run_main(
+        ["--config", str(config_file), "--drafter", str(other), "--prompt", "x"], capsys
+    )
+    assert code == 1
+    assert "tokenizer" in err and "Traceback" not in err
 
 
 def test_json_needs_a_prompt(capsys: pytest.CaptureFixture[str]) -> None:
@@ -304,3 +335,37 @@ def test_bench_subcommand_runs_through_main(
     report = json.loads(out_json.read_text())
     assert len(report["prompts"]) == 2
     assert "specrepl speculative" in out
+
+
+def test_soak_subcommand_runs_through_main(
+    config_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out_json = tmp_path / "soak.json"
+    code, out, err = run_main(
+        [
+            "soak", "--config", str(config_file), "--prompts", "12", "--max-new-tokens", "4",
+            "--reset-every", "3", "--json", str(out_json),
+        ],
+        capsys,
+    )  # fmt: skip
+    assert code == 0, out
+    report = json.loads(out_json.read_text())
+    assert report["passed"] is True
+    assert report["config"]["max_new_tokens"] == 4 and report["config"]["prompts"] == 12
+    result = report["result"]
+    assert result["prompts"] == 12 and result["resets"] == 3 and result["mismatches"] == []
+    assert result["compared"] + result["skipped"] == 12
+    assert len(result["rss_samples"]) == 12 and result["growth"] is not None
+    assert "OK: no mismatches" in out and "history resets" in out
+    assert "soak: 12/12" in err  # progress goes to stderr
+
+
+@pytest.mark.parametrize(
+    "argv", [["--prompts", "0"], ["--reset-every", "-1"], ["--prompts", "5", "--warmup", "6"]]
+)
+def test_soak_refuses_bad_counts_before_loading(
+    config_file: Path, capsys: pytest.CaptureFixture[str], argv: list[str]
+) -> None:
+    code, _, err = run_main(["soak", "--config", str(config_file), *argv], capsys)
+    assert code == 2
+    assert "need --prompts >= 1" in err and "Loading" not in err
