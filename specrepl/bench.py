@@ -45,7 +45,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -63,13 +63,14 @@ from rich.progress import (
 
 from .compatibility import IncompatibleTokenizersError
 from .config import AppConfig, ConfigError, default_config_path, load_config
-from .drafters import Drafter, LookupDrafter, ModelDrafter, NgramDrafter
+from .drafters import DRAFTER_KINDS, Drafter, DrafterOptions, build_drafter
 from .gamma import POLICIES, FixedGamma, GammaPolicy, expected_tokens, make_policy
 from .generation import autoregressive_generate, speculative_generate
 from .models import ModelLoadError, ModelPair, load_pair
 from .processors import PROCESSORS, LogitsProcessor
 from .results import GenerationResult, StepEvent
 from .settings import GAMMA_MAX, SettingError, Settings
+from .widths import WidthPlan, tune_pair_widths
 
 __all__ = [
     "DRAFTER_KINDS",
@@ -98,7 +99,6 @@ __all__ = [
     "versions",
 ]
 
-DRAFTER_KINDS = ("model", "ngram", "lookup")
 PEERS = ("hf", "none")
 PROMPTS_FILE = Path("benchmarks") / "spec_bench.jsonl"
 OVERALL = "overall"
@@ -484,6 +484,20 @@ class MethodRun:
         return self.decode_tokens / self.decode_seconds
 
     @property
+    def fallback_steps(self) -> int | None:
+        """Steps where the gamma policy chose the target alone (gamma 0)."""
+        if self.drafted is None:
+            return None
+        return sum(1 for event in self.events if event.requested_gamma == 0)
+
+    @property
+    def empty_draft_steps(self) -> int | None:
+        """Steps where drafts were asked for but the drafter had none."""
+        if self.drafted is None:
+            return None
+        return sum(1 for event in self.events if event.requested_gamma > 0 and event.gamma == 0)
+
+    @property
     def measured_over_predicted(self) -> float | None:
         if self.prediction is None or self.speedup_vs_target is None:
             return None
@@ -541,6 +555,8 @@ class MethodRun:
             "drafts_per_step": (
                 [event.gamma for event in self.events] if self.drafted is not None else None
             ),
+            "fallback_steps": self.fallback_steps,
+            "empty_draft_steps": self.empty_draft_steps,
             "requested_gamma_per_step": (
                 [event.requested_gamma for event in self.events]
                 if self.drafted is not None
@@ -585,6 +601,7 @@ class BenchOptions:
     processor: LogitsProcessor = field(default_factory=lambda: Settings().logits_processor())
     gamma: GammaSpec = GammaSpec("fixed", 4)
     drafter_kind: str = "model"
+    drafter: DrafterOptions = field(default_factory=DrafterOptions)  # order, filler, window...
     peers: tuple[str, ...] = ()
     sweep: tuple[int, ...] = ()
     seed: int = 0
@@ -592,6 +609,7 @@ class BenchOptions:
     use_cache: bool = True
     chat: bool = True
     system_prompt: str | None = None
+    tune_widths: bool = True
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
@@ -618,6 +636,7 @@ class BenchOptions:
             "processor_parameters": self.processor.parameters(),
             "gamma": {"policy": self.gamma.policy, "value": self.gamma.gamma},
             "drafter_kind": self.drafter_kind,
+            "drafter_options": {**asdict(self.drafter), "kind": self.drafter_kind},
             "peers": list(self.peers),
             "gamma_sweep": list(self.sweep),
             "seed": self.seed,
@@ -625,6 +644,7 @@ class BenchOptions:
             "use_cache": self.use_cache,
             "chat_template": self.chat,
             "system_prompt": self.system_prompt,
+            "tune_widths": self.tune_widths,
         }
 
 
@@ -684,21 +704,19 @@ class Benchmark:
         self.methods = self._make_methods()
         self.records: list[PromptRecord] = []
         self.skipped: list[tuple[BenchPrompt, str]] = []
+        self.width_plans: dict[str, WidthPlan] = {}
 
     # -- set-up ------------------------------------------------------------
 
     def _make_drafter(self) -> Drafter:
-        kind = self.options.drafter_kind
-        if kind == "ngram":
-            return NgramDrafter()
-        if kind == "lookup":
-            return LookupDrafter()
-        if self.pair.drafter is None:
+        options = replace(self.options.drafter, kind=self.options.drafter_kind)
+        if options.needs_model and self.pair.drafter is None:
             raise BenchError(
-                "--drafter-kind model needs a drafter model, and the config loads none: "
+                f"--drafter-kind {options.kind} needs a drafter model, and the config loads none: "
                 "add a [drafter] table or use --drafter-kind ngram or lookup"
             )
-        return ModelDrafter(self.pair.drafter.model, use_cache=self.options.use_cache)
+        model = self.pair.drafter.model if self.pair.drafter is not None else None
+        return build_drafter(options, model, use_cache=self.options.use_cache)
 
     def _make_methods(self) -> list[Method]:
         options = self.options
@@ -908,6 +926,9 @@ class Benchmark:
         """New tokens every method may make: the limit, or what the context leaves."""
         return min(self.options.max_new_tokens, self.pair.context_length - prompt_tokens)
 
+    def max_gamma(self) -> int:
+        return max((self.options.gamma.gamma, *self.options.sweep))
+
     def total_runs(self, prompts: Sequence[BenchPrompt]) -> int:
         warmups = self.options.warmup * len(self.methods) if prompts else 0
         return warmups + len(prompts) * len(self.methods)
@@ -991,6 +1012,10 @@ class Benchmark:
         if not prompts:
             return self.records
         with _quiet_transformers(), torch.no_grad():
+            if self.options.tune_widths:
+                if on_progress is not None:
+                    on_progress(0, total, "timing forward widths")
+                self.width_plans = tune_pair_widths(self.pair, self.max_gamma())
             self.warm_up(prompts[0], on_progress, total=total)
             done = self.options.warmup * len(self.methods)
             for index, prompt in enumerate(prompts):
@@ -1031,6 +1056,10 @@ class MethodSummary:
     draft_share: float | None
     target_share: float | None
     other_share: float | None
+    fallback_share: float | None = None
+    """Pooled share of steps where the policy chose the target alone."""
+    empty_draft_share: float | None = None
+    """Pooled share of steps where the drafter had nothing to propose."""
 
 
 def _median(values: Iterable[float | None]) -> float | None:
@@ -1073,6 +1102,14 @@ def _summary(method: str, runs: list[MethodRun]) -> MethodSummary:
         draft_share=share(lambda run: run.draft_seconds),
         target_share=share(lambda run: run.target_seconds),
         other_share=share(lambda run: run.other_seconds),
+        fallback_share=(
+            sum(run.fallback_steps or 0 for run in runs) / steps if speculative and steps else None
+        ),
+        empty_draft_share=(
+            sum(run.empty_draft_steps or 0 for run in runs) / steps
+            if speculative and steps
+            else None
+        ),
     )
 
 
@@ -1195,6 +1232,9 @@ class BenchReport:
                 "drafter": pair.drafter.to_dict() if pair.drafter else None,
                 "eos_token_ids": list(pair.eos_token_ids),
                 "vocab_size": pair.vocab_size,
+                "width_plans": {
+                    role: plan.to_dict() for role, plan in benchmark.width_plans.items()
+                },
             },
             created=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
             skipped=list(benchmark.skipped),
@@ -1334,6 +1374,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--warmup", type=int, metavar="N", default=1, help="warm-up runs of every method (1)"
     )
+    parser.add_argument(
+        "--widths",
+        choices=("tune", "off"),
+        default="tune",
+        help="tune: time each model's forward widths first and pad to cheaper ones (default)",
+    )
 
 
 def _arg(args: argparse.Namespace, name: str) -> Any:
@@ -1392,6 +1438,7 @@ def _plan(args: argparse.Namespace) -> _Plan:
         processor=settings.logits_processor(),
         gamma=parse_gamma(_arg(args, "gamma"), settings.gamma, settings.gamma_policy),
         drafter_kind=kind,
+        drafter=settings.drafter_options(),
         peers=peers,
         sweep=parse_sweep(_arg(args, "gamma_sweep")),
         seed=settings.seed,
@@ -1399,13 +1446,15 @@ def _plan(args: argparse.Namespace) -> _Plan:
         use_cache=settings.use_cache,
         chat=settings.chat,
         system_prompt=settings.system_prompt,
+        tune_widths=_arg(args, "widths") != "off",
     )
-    if kind == "model" and config.drafter is None:
+    needs_model = DrafterOptions(kind=kind).needs_model
+    if needs_model and config.drafter is None:
         raise BenchError(
-            "--drafter-kind model needs a [drafter] in the config; "
+            f"--drafter-kind {kind} needs a [drafter] in the config; "
             "use --drafter-kind ngram or lookup"
         )
-    return _Plan(config, prompts_path, prompts, options, kind == "model" or bool(peers))
+    return _Plan(config, prompts_path, prompts, options, needs_model or bool(peers))
 
 
 def _progress_bar(console: Console) -> Progress:

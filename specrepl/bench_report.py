@@ -120,7 +120,7 @@ def _time_split_table(report: BenchReport) -> Table:
         box=box.SIMPLE_HEAD,
         title_justify="left",
     )
-    for name in ("method", "drafter", "target", "other"):
+    for name in ("method", "drafter", "target", "other", "γ0 steps", "no-draft steps"):
         table.add_column(name, justify="left" if name == "method" else "right")
     overall = report.summary[OVERALL]
     for method in report.methods:
@@ -132,6 +132,8 @@ def _time_split_table(report: BenchReport) -> Table:
             _percent(summary.draft_share),
             _percent(summary.target_share),
             _percent(summary.other_share),
+            _percent(summary.fallback_share),
+            _percent(summary.empty_draft_share),
         )
     return table
 
@@ -188,7 +190,8 @@ def render_report(report: BenchReport, console: Console) -> None:
             "tokens per target forward; all pooled. predicted (over target-only) = "
             "(1 - α^(g+1)) / (1 - α) / (g·c + v), with c = drafter s per draft and v = "
             "verify s per step, each over the target's s per one-token step, from the "
-            "same prompt's runs.[/]"
+            "same prompt's runs. γ0 steps: the gamma policy chose the target alone; "
+            "no-draft steps: the drafter had nothing to propose.[/]"
         )
     mismatches = report.mismatches()
     if mismatches:

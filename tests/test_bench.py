@@ -230,6 +230,8 @@ def test_benchmark_greedy_with_peers_and_sweep(pair: ModelPair, prompts_file: Pa
         1.0, abs=1e-6
     )
     assert summary["writing"]["speculative"].prompts == 2
+    assert overall["speculative"].fallback_share == 0.0  # a fixed gamma never chooses 0
+    assert overall["target"].fallback_share is None
 
     report = BenchReport.build(benchmark, config={"config_file": None})
     payload = json.loads(json.dumps(report.to_dict(), allow_nan=False))
@@ -237,6 +239,8 @@ def test_benchmark_greedy_with_peers_and_sweep(pair: ModelPair, prompts_file: Pa
     assert payload["machine"]["torch_threads"] >= 1 and payload["machine"]["cpu"]
     assert set(payload["versions"]) == {"specrepl", "torch", "transformers"}
     assert payload["config"]["gamma"] == {"policy": "fixed", "value": 3}
+    plan = payload["config"]["width_plans"]["target"]  # widths 1 to the largest gamma + 1
+    assert sorted(plan["ms_per_width"]) == ["1", "2", "3", "4"]
     assert [point["gamma"] for point in payload["gamma_sweep"]] == [1, 2]
     first = payload["prompts"][0]
     assert first["category"] == "writing" and first["question_id"] == 1
@@ -260,8 +264,8 @@ def test_benchmark_greedy_with_peers_and_sweep(pair: ModelPair, prompts_file: Pa
     assert "differ from specrepl target-only" not in text
 
 
-@pytest.mark.parametrize("kind", ["ngram", "lookup"])
-def test_deterministic_drafters_and_sampling(pair: ModelPair, prompts_file: Path, kind) -> None:
+@pytest.mark.parametrize("kind", ["ngram", "lookup", "hybrid"])
+def test_other_drafters_and_sampling(pair: ModelPair, prompts_file: Path, kind) -> None:
     prompts = load_prompts(prompts_file, categories=["summarization"], limit=1)
     greedy = Benchmark(pair, BenchOptions(max_new_tokens=10, drafter_kind=kind, warmup=0))
     (record,) = greedy.run(prompts)
