@@ -305,26 +305,51 @@ class LookupDrafter:
 
 
 class HybridDrafter:
-    """Prompt lookup first, a model where lookup finds nothing.
+    """Prompt lookup where it pays, a model elsewhere.
 
     Copying from the context costs no model call and is often right when the
     answer quotes its prompt (summaries, extraction, code edits); elsewhere the
-    model drafter proposes. A lookup draft must come from a match of at least
-    `min_match` tokens, so that a single common token does not displace the
-    better-informed model draft. The model drafter catches up on the tokens it
-    did not draft through its cache, in one wider forward pass.
+    model drafter is better informed. Each step the lookup candidate (from a
+    match of at least `min_match` tokens) is scored after verification against
+    the tokens the target kept, whether or not it was used, and the model's
+    drafts by how many were accepted. Lookup is used when
+    1 + (lookup tokens accepted per step) >= `cost_ratio` x (1 + model tokens
+    accepted per step), both running averages: a lookup step costs only the
+    target's verification, a model step also the drafting, and `cost_ratio`
+    is the share of a model step that verification takes (0.5 by default;
+    about 0.35 for the embedded pair on a 2-core CPU). The model drafter
+    catches up on the tokens it did not draft through its cache.
     """
 
-    def __init__(self, model: ModelDrafter, lookup: LookupDrafter, *, min_match: int = 2) -> None:
+    DECAY = 0.8
+
+    def __init__(
+        self,
+        model: ModelDrafter,
+        lookup: LookupDrafter,
+        *,
+        min_match: int = 2,
+        cost_ratio: float = 0.5,
+    ) -> None:
+        if not 0 < cost_ratio <= 1:
+            raise ValueError(f"cost_ratio must be in (0, 1], got {cost_ratio}")
         self.model = model
         self.lookup = LookupDrafter(lookup.max_ngram, max(min_match, lookup.min_ngram))
         self.name = "hybrid"
         self.width = model.width
+        self.cost_ratio = cost_ratio
         self.last_source = "none"
+        self.lookup_gain = 2.0  # optimistic start: lookup is tried first
+        self.model_gain = 2.0
+        self._candidate: list[int] = []
+        self._start = 0
+        self._proposed = 0
 
     def begin(self, prompt: torch.Tensor, vocab_size: int) -> None:
         self.model.begin(prompt, vocab_size)
         self.lookup.begin(prompt, vocab_size)
+        self.lookup_gain = self.model_gain = 2.0
+        self.last_source = "none"
 
     def propose(
         self,
@@ -334,12 +359,20 @@ class HybridDrafter:
         generator: torch.Generator | None,
         min_confidence: float = 0.0,
     ) -> Draft:
-        draft = self.lookup.propose(sequence, k, processor, generator, min_confidence)
-        if len(draft):
+        candidate = self.lookup.propose(sequence, k, processor, generator, min_confidence)
+        self._candidate = candidate.tokens.tolist()
+        self._start = int(sequence.shape[0])
+        if self._candidate and 1 + self.lookup_gain >= self.cost_ratio * (1 + self.model_gain):
             self.last_source = "lookup"
-            return draft
-        self.last_source = "model"
-        return self.model.propose(sequence, k, processor, generator, min_confidence)
+            draft = candidate
+        else:
+            self.last_source = "model"
+            draft = self.model.propose(sequence, k, processor, generator, min_confidence)
+        self._proposed = len(draft)
+        return draft
+
+    def _average(self, old: float, new: float) -> float:
+        return self.DECAY * old + (1 - self.DECAY) * new
 
     def update(
         self,
@@ -347,6 +380,18 @@ class HybridDrafter:
         valid_length: int,
         target_logits: torch.Tensor | None = None,
     ) -> None:
+        if self._proposed:
+            kept = sequence[self._start :].tolist()
+            if self._candidate:
+                matched = 0
+                for drafted, actual in zip(self._candidate, kept, strict=False):
+                    if drafted != actual:
+                        break
+                    matched += 1
+                self.lookup_gain = self._average(self.lookup_gain, matched)
+            if self.last_source == "model":
+                self.model_gain = self._average(self.model_gain, valid_length - self._start)
+        self._candidate, self._proposed = [], 0
         self.model.update(sequence, valid_length, target_logits)
 
 

@@ -130,12 +130,19 @@ class AutoGamma:
     - the drafter's seconds per drafted token;
     - the target's seconds for a step with k drafts, as measured per k (a line
       through the measured k where one is missing). The first step (prompt
-      processing) is not used for costs.
+      processing) and the first drafting step after target-alone steps (the
+      drafter catching up) are not used for the drafter's cost.
+
+    Gamma 0 is not chosen before three drafting steps have been seen: one
+    early rejection says little, and leaving drafting is costly to undo
+    because only the probe every `probe_every` plain steps brings new evidence.
     """
 
     name = "auto"
     min_confidence = 0.0
     PRIOR_WEIGHT = 2.0
+    MIN_EVIDENCE = 3.0
+    """Weighted count of first drafts seen before the target alone may be chosen."""
 
     def __init__(
         self,
@@ -189,6 +196,9 @@ class AutoGamma:
 
     def observe(self, event: StepEvent) -> None:
         self.steps += 1
+        # after steps without drafts, a model drafter first catches up on the
+        # tokens it did not see: that step's draft time is not a per-draft cost
+        catching_up = self.plain_steps > 0
         if event.gamma > 0:
             # positions 1..accepted were accepted; the next one, if drafted, was not
             reached = min(event.accepted + 1, event.gamma)
@@ -201,7 +211,7 @@ class AutoGamma:
             self.plain_steps += 1
         if self.steps == 1:
             return  # prompt processing dominates the first step's timings
-        if event.gamma > 0:
+        if event.gamma > 0 and not catching_up:
             self.draft_cost = self._ema(self.draft_cost, event.draft_seconds / event.gamma)
         k = event.gamma
         self.target_cost[k] = self._ema(self.target_cost.get(k), event.target_seconds)
@@ -242,6 +252,8 @@ class AutoGamma:
         if self.plain_steps and self.plain_steps % self.probe_every == 0:
             return self.initial  # look again: the text may have become easier to draft
         rates = self.rates()
+        if self.tried[0] < self.MIN_EVIDENCE:
+            del rates[0]  # too few drafts seen to give up on drafting
         return max(rates, key=rates.__getitem__)
 
 

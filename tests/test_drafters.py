@@ -158,7 +158,7 @@ def test_auto_drafts_long_when_drafts_are_cheap_and_good() -> None:
 
 def test_auto_falls_back_to_the_target_alone_when_drafting_does_not_pay() -> None:
     policy = AutoGamma(8)
-    for _ in range(20):
+    for _ in range(12):  # 4 drafting steps (the evidence needed), then the target alone
         gamma = policy.next_gamma()
         if gamma == 0:
             policy.observe(_event(0, 0, 0.0, 0.1))
@@ -190,3 +190,37 @@ def test_auto_drafts_short_when_later_positions_fail() -> None:
     assert policy.position_acceptance()[:2] == pytest.approx([1.0, 1.0], abs=0.05)
     assert policy.position_acceptance()[2] < 0.1
     assert policy.next_gamma() in (2, 3)
+
+
+def test_auto_keeps_drafting_after_one_early_rejection() -> None:
+    policy = AutoGamma(8)
+    policy.observe(_event(4, 4, draft=4 * 0.5, verify=0.5))  # prompt processing: no costs
+    policy.observe(_event(4, 0, draft=4 * 0.03, verify=0.07))
+    assert policy.next_gamma() > 0
+
+
+def test_auto_ignores_the_catch_up_after_target_alone_steps() -> None:
+    policy = AutoGamma(8)
+    policy.observe(_event(4, 4, 0.5, 0.5))
+    for _ in range(3):
+        policy.observe(_event(4, 4, draft=4 * 0.03, verify=0.07))
+    policy.observe(_event(0, 0, 0.0, 0.06))
+    policy.observe(_event(4, 4, draft=1.0, verify=0.07))  # the drafter reads what it missed
+    assert policy.draft_cost == pytest.approx(0.03)
+    assert policy.next_gamma() > 0
+
+
+def test_hybrid_leaves_lookup_while_its_copies_fail(target) -> None:
+    # no cache: the same context is offered again and again
+    hybrid = HybridDrafter(ModelDrafter(target, use_cache=False), LookupDrafter(3), min_match=2)
+    sequence = torch.tensor([4, 5, 6, 7, 4, 5])  # lookup would copy 6, 7, 4
+    hybrid.begin(sequence, 32)
+    for _ in range(8):
+        hybrid.propose(sequence, 3, GreedyProcessor(), None)
+        # the target kept 9s: lookup's copy (6, ...) scores 0; the model's drafts were 9s
+        accepted = 3 if hybrid.last_source == "model" else 0
+        kept = torch.cat((sequence, torch.tensor([9] * (accepted + 1))))
+        hybrid.update(kept, sequence.shape[0] + accepted)
+    assert hybrid.lookup_gain < 0.5
+    hybrid.propose(sequence, 3, GreedyProcessor(), None)
+    assert hybrid.last_source == "model"
