@@ -99,7 +99,7 @@ __all__ = [
     "versions",
 ]
 
-PEERS = ("hf", "none")
+PEERS = ("hf", "hf-lookup", "none")
 PROMPTS_FILE = Path("benchmarks") / "spec_bench.jsonl"
 OVERALL = "overall"
 WARMUP_MAX_NEW_TOKENS = 32
@@ -743,10 +743,10 @@ class Benchmark:
             )
             for gamma in options.sweep
         ]
-        if "hf" not in options.peers:
+        if not {"hf", "hf-lookup"} & set(options.peers):
             return methods
         methods.append(Method(HF_GENERATE, "HF generate", "hf"))
-        if self.pair.drafter is not None:
+        if "hf" in options.peers and self.pair.drafter is not None:
             defaults = {name: _transformers_default(name) for name in _ASSISTANT_FIELDS}
             loaded = self.pair.drafter.model.generation_config
             effective = {
@@ -1353,7 +1353,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="model (the config's drafter), ngram or lookup (default: the config's drafter kind)",
     )
     parser.add_argument(
-        "--peers", choices=PEERS, help="hf: also time transformers generate() and its drafters"
+        "--peers",
+        choices=PEERS,
+        help="hf: also time transformers generate() and its drafters; "
+        "hf-lookup: generate() and its prompt lookup only",
     )
     parser.add_argument(
         "--gamma-sweep",

@@ -409,3 +409,13 @@ def test_chart_needs_matplotlib(monkeypatch, prompts_file: Path, tmp_path: Path)
     args = _parse("--prompts", str(prompts_file), "--chart", str(tmp_path / "c.png"))
     assert bench.run(args, console) == 2
     assert "needs matplotlib" in console.export_text()
+
+
+def test_lookup_peers_only(pair: ModelPair) -> None:
+    methods = Benchmark(pair, BenchOptions(drafter_kind="lookup", peers=("hf-lookup",))).methods
+    assert [method.name for method in methods] == [
+        "target",
+        "speculative",
+        "hf_generate",
+        "hf_lookup",
+    ]
