@@ -70,7 +70,7 @@ from .models import ModelLoadError, ModelPair, load_pair
 from .processors import PROCESSORS, LogitsProcessor
 from .results import GenerationResult, StepEvent
 from .settings import GAMMA_MAX, SettingError, Settings
-from .widths import WidthPlan, tune_pair_widths
+from .widths import WidthPlan, cpu_model, tune_pair_widths
 
 __all__ = [
     "DRAFTER_KINDS",
@@ -1137,17 +1137,6 @@ def summarize(
 # -- the report ---------------------------------------------------------------
 
 
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8").splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() in ("model name", "Hardware", "Processor") and value.strip():
-                return value.strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "unknown"
-
-
 def _memory_gib() -> float | None:
     try:
         for line in Path("/proc/meminfo").read_text(encoding="utf-8").splitlines():
@@ -1170,7 +1159,7 @@ def machine_info(device: torch.device) -> dict[str, Any]:
     if device.type == "mps":
         gpu = "Apple MPS"
     return {
-        "cpu": _cpu_model(),
+        "cpu": cpu_model(),
         "logical_cpus": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "memory_gib": _memory_gib(),

@@ -36,10 +36,12 @@ from .generation import (
     autoregressive_generate,
     speculative_generate,
 )
+from .gguf_cache import cache_root
 from .processors import UnusableLogitsError
 from .prompting import PromptEncodingError, chat_prompt_ids, clean_prompt, text_prompt_ids
 from .results import GenerationResult, StepEvent
 from .settings import SettingError, Settings
+from .widths import tune_pair_widths
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -301,8 +303,14 @@ class ChatSession:
     def warm_up(self, prompt: str = "Hello") -> None:
         """One short run of each model, so that one-time start-up costs (kernel
         selection, allocator growth) do not land in the first answer's timings.
-        Changes neither the settings nor the history."""
+        Changes neither the settings nor the history.
+
+        On a CPU it also times each model's forward widths (`widths.py`) once
+        per model and machine, kept under the cache directory, so that steps
+        are padded to cheaper widths."""
         settings = self.settings
+        if self.pair.device.type == "cpu":
+            tune_pair_widths(self.pair, max(settings.gamma, 8), store=cache_root() / "widths.json")
         ids = self.prompt_ids(prompt)
         common: dict[str, Any] = {
             "eos_tokens_id": self.pair.eos_token_ids,

@@ -16,10 +16,14 @@ drafting or acceptance.
 
 from __future__ import annotations
 
+import json
+import platform
 import statistics
 import time
 import weakref
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import torch
 from transformers import PreTrainedModel
@@ -29,6 +33,7 @@ from .kv_cache import new_cache, rollback_to
 __all__ = [
     "WidthPlan",
     "clear_width_plan",
+    "cpu_model",
     "measure_widths",
     "padded_width",
     "plan_widths",
@@ -133,12 +138,77 @@ def tune_widths(model: PreTrainedModel, max_width: int, **measure: int) -> Width
     return plan
 
 
-def tune_pair_widths(pair: object, max_gamma: int) -> dict[str, WidthPlan]:
+def cpu_model() -> str:
+    """The CPU's model name, as the kernel reports it (or the platform's guess)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8").splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() in ("model name", "Hardware", "Processor") and value.strip():
+                return value.strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"
+
+
+def _plan_key(loaded: Any, max_width: int) -> str:
+    """What a stored plan must match: the model as loaded, the machine, torch."""
+    parts = (
+        loaded.name,
+        str(loaded.dtype),
+        str(loaded.quantization),
+        str(loaded.parameters),
+        str(loaded.device),
+        cpu_model(),
+        f"threads={torch.get_num_threads()}",
+        f"torch={torch.__version__}",
+        f"widths=1..{max_width}",
+    )
+    return " | ".join(parts)
+
+
+def _read_store(store: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(store.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _stored_plan(entry: Any) -> WidthPlan | None:
+    try:
+        seconds = {int(w): float(t) for w, t in entry["seconds"].items()}
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return None
+    return plan_widths(seconds) if seconds else None
+
+
+def tune_pair_widths(
+    pair: Any, max_gamma: int, *, store: Path | None = None
+) -> dict[str, WidthPlan]:
     """Tune the target and, when it is a different model, the drafter of a
-    model pair (anything with `.target.model` and an optional `.drafter.model`)
-    for widths up to max_gamma + 1; returns the plans by role."""
-    models = {"target": pair.target.model}  # type: ignore[attr-defined]
+    model pair (`.target` and an optional `.drafter`, each a `LoadedModel`)
+    for widths up to max_gamma + 1, and install the plans; returns them by
+    role. With `store` (a JSON file), timings measured before for the same
+    model, machine and torch are reused, and new ones are added to it."""
+    loaded = {"target": pair.target}
     drafter = getattr(pair, "drafter", None)
-    if drafter is not None and drafter.model is not models["target"]:
-        models["drafter"] = drafter.model
-    return {role: tune_widths(model, max_gamma + 1) for role, model in models.items()}
+    if drafter is not None and drafter.model is not pair.target.model:
+        loaded["drafter"] = drafter
+    max_width = max_gamma + 1
+    saved = _read_store(store) if store is not None else {}
+    plans: dict[str, WidthPlan] = {}
+    for role, model in loaded.items():
+        key = _plan_key(model, max_width)
+        plan = _stored_plan(saved.get(key))
+        if plan is None:
+            plan = plan_widths(measure_widths(model.model, max_width))
+            saved[key] = {"seconds": plan.seconds}
+        set_width_plan(model.model, plan)
+        plans[role] = plan
+    if store is not None:
+        try:
+            store.parent.mkdir(parents=True, exist_ok=True)
+            store.write_text(json.dumps(saved, indent=1), encoding="utf-8")
+        except OSError:
+            pass  # a read-only cache only costs a new measurement next time
+    return plans

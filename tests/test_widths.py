@@ -95,3 +95,28 @@ def test_measure_widths_times_every_width(target) -> None:
     seconds = measure_widths(target, 4, context=6, repeats=1)
     assert sorted(seconds) == [1, 2, 3, 4] and all(s > 0 for s in seconds.values())
     assert width_plan(target) is None  # measuring alone installs nothing
+
+
+def test_pair_plans_are_stored_and_reused(tmp_path, monkeypatch) -> None:
+    from specrepl import widths
+    from specrepl.models import ModelPair
+    from specrepl.testing import tiny_tokenizer
+
+    model = tiny_llama(32, seed=0)
+    pair = ModelPair.from_models(model, perturbed_copy(model, 0.1, seed=1), tiny_tokenizer(32))
+    store = tmp_path / "widths.json"
+    first = widths.tune_pair_widths(pair, 3, store=store)
+    assert sorted(first) == ["drafter", "target"] and store.exists()
+    assert sorted(first["target"].seconds) == [1, 2, 3, 4]
+
+    def no_measuring(*args, **kwargs):
+        raise AssertionError("measured again although the store has it")
+
+    monkeypatch.setattr(widths, "measure_widths", no_measuring)
+    again = widths.tune_pair_widths(pair, 3, store=store)
+    assert again["target"].seconds == pytest.approx(first["target"].seconds)
+    assert width_plan(pair.target.model) == again["target"]
+    with pytest.raises(AssertionError, match="measured again"):
+        widths.tune_pair_widths(pair, 5, store=store)  # other widths: a new measurement
+    for loaded in (pair.target, pair.drafter):
+        clear_width_plan(loaded.model)
