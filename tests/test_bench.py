@@ -359,7 +359,7 @@ def test_run_end_to_end(pair: ModelPair, prompts_file: Path, tmp_path: Path) -> 
     console = _console()
     assert bench.run(args, console, pair=pair) == 0
     text = console.export_text()
-    assert "speculative (model, γ auto≤4)" in text
+    assert "speculative (hybrid, γ auto≤4)" in text  # the default config's drafter kind
     assert "summarization (1 prompt)" in text
     payload = json.loads(out.read_text(encoding="utf-8"))
     assert payload["config"]["prompts_file"] == str(prompts_file)
