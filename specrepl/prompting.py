@@ -39,6 +39,7 @@ __all__ = [
     "chat_prompt_ids",
     "clean_prompt",
     "control_tokens",
+    "printable",
     "text_prompt_ids",
 ]
 
@@ -90,6 +91,13 @@ def clean_prompt(text: str) -> CleanedPrompt:
     length = len(text)
     text = _CONTROL_CHARACTER.sub("", _ESCAPE_SEQUENCE.sub("", text))
     return CleanedPrompt(text, removed=length - len(text), replaced=replaced)
+
+
+def printable(text: str) -> str:
+    """`text` safe to show in a terminal: the cleaning of `clean_prompt`, for
+    model output (a model that writes an escape sequence must not be able to
+    clear the screen or retitle the window)."""
+    return clean_prompt(text).text
 
 
 def control_tokens(tokenizer: PreTrainedTokenizerBase) -> dict[str, int]:

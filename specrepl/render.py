@@ -41,6 +41,7 @@ from .commands import (
     ShowModels,
     ShowSettings,
 )
+from .prompting import printable
 from .session import GENERATORS, Answer, Run, RunFinished, RunStarted, RunStep, SessionEvent
 from .settings import Settings
 
@@ -222,13 +223,13 @@ class AnswerView:
             # the gamma the policy chose for this step, before its tokens
             self.body.append(f"‹{event.step.requested_gamma}›", style="dim")
             for piece in pieces.accepted:
-                self.body.append(piece, style=ACCEPTED_STYLE)
+                self.body.append(printable(piece), style=ACCEPTED_STYLE)
             if pieces.rejected is not None:
-                self.body.append(pieces.rejected, style=REJECTED_STYLE)
+                self.body.append(printable(pieces.rejected), style=REJECTED_STYLE)
             if pieces.target is not None:
-                self.body.append(pieces.target, style=TARGET_STYLE)
+                self.body.append(printable(pieces.target), style=TARGET_STYLE)
         else:
-            self.body.append(event.text)
+            self.body.append(printable(event.text))
         now = time.monotonic()
         if self.live is not None and now - self.last_refresh >= REFRESH_SECONDS:
             self.live.update(self.panel(), refresh=True)
@@ -237,7 +238,7 @@ class AnswerView:
     def finish(self, run: Run) -> None:
         result = run.result
         if not self.debug:
-            self.body = Text(run.text)
+            self.body = Text(printable(run.text))
         subtitle = Text(
             f"{result.new_tokens} tokens · {_number(result.tokens_per_second, '.1f')} tok/s",
             style="dim",

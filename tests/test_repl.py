@@ -175,3 +175,22 @@ def test_toolbar_shows_the_live_settings(session: ChatSession) -> None:
     assert line == settings_line(session.settings)
     assert "γ=auto≤2" in line and "nucleus(temperature=1.0, top_p=0.9)" in line
     assert "drafter✓" in line and "cache off" in line and "chat on" in line
+
+
+@pytest.mark.parametrize("debug", ["off", "on"])
+def test_model_output_cannot_drive_the_terminal(
+    session: ChatSession, monkeypatch: pytest.MonkeyPatch, debug: str
+) -> None:
+    """A model that writes escape sequences (clear screen, window title) is shown as text."""
+    decode = session.tokenizer.decode
+
+    def hostile(*args: Any, **kwargs: Any) -> str:
+        return "\x1b[2J\x1b]0;owned\x07" + decode(*args, **kwargs) + "\x1b[31m"
+
+    monkeypatch.setattr(session.tokenizer, "decode", hostile)
+    renderer, console = recorded()  # no terminal: the console adds no escapes of its own
+    assert handle_line(f"/debug {debug}", session, renderer)
+    assert handle_line("w7 w8 w9", session, renderer)
+    output = console.file.getvalue()
+    assert "speedup" in output
+    assert "\x1b" not in output and "\x07" not in output
