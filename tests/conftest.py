@@ -14,9 +14,11 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 torch.set_num_threads(1)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="session", autouse=True)
 def embedded_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """One converted-GGUF cache for the whole test session (conversion takes ~17 s)."""
+    """One cache directory for the whole test session: the converted GGUF
+    (conversion takes ~17 s) and the forward-width timings of every model the
+    tests load, so that tests never write into the user's own cache."""
     path = os.environ.get("SPECREPL_TEST_CACHE_DIR") or str(tmp_path_factory.mktemp("cache"))
     os.environ["SPECREPL_CACHE_DIR"] = path
     return path
