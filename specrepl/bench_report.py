@@ -80,11 +80,7 @@ def _category_table(report: BenchReport, category: str) -> Table:
         table.add_column("× HF gen", justify="right")
     if report.options.greedy:
         table.add_column("same", justify="right")
-    table.add_column("accept", justify="right")
-    table.add_column("α", justify="right")
-    table.add_column("tok/step", justify="right")
-    table.add_column("predicted", justify="right")
-    table.add_column("meas/pred", justify="right")
+    _add_acceptance_columns(table)
     for method in report.main_methods:
         summary = figures.get(method.name)
         if summary is None:
@@ -101,6 +97,12 @@ def _category_table(report: BenchReport, category: str) -> Table:
         row += _acceptance_cells(summary)
         table.add_row(*row)
     return table
+
+
+def _add_acceptance_columns(table: Table) -> None:
+    """The columns `_acceptance_cells` fills."""
+    for name in ("accept", "α", "tok/step", "predicted", "meas/pred"):
+        table.add_column(name, justify="right")
 
 
 def _acceptance_cells(summary: MethodSummary) -> list[str]:
@@ -145,11 +147,7 @@ def _sweep_table(report: BenchReport) -> Table:
     table.add_column("× target", justify="right")
     if report.has_hf:
         table.add_column("× HF gen", justify="right")
-    table.add_column("accept", justify="right")
-    table.add_column("α", justify="right")
-    table.add_column("tok/step", justify="right")
-    table.add_column("predicted", justify="right")
-    table.add_column("meas/pred", justify="right")
+    _add_acceptance_columns(table)
     overall = report.summary[OVERALL]
     for method in report.sweep_methods:
         summary = overall.get(method.name)
