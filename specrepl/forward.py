@@ -62,12 +62,11 @@ def forward_logits(
             f"cache holds {start} tokens but the sequence has {length}: nothing to feed"
         )
     fed = sequence[start:]
-    pad = 0
-    if cache is not None:
-        width = padded_width(model, length - start)
+    pad = 0 if cache is None else padded_width(model, length - start) - fed.shape[0]
+    if pad:
         limit = context_length(model)
-        if limit is None or start + width <= limit:
-            pad = width - (length - start)
+        if limit is not None and length + pad > limit:
+            pad = 0  # never feed positions past the context
     if pad:  # a wider pass is cheaper here (see widths.py); the padding is cut off again
         fed = torch.cat((fed, fed[-1:].expand(pad)))
     output = model(
