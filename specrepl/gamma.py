@@ -178,11 +178,6 @@ class AutoGamma:
             prior = rate
         return rates
 
-    @property
-    def acceptance(self) -> float:
-        """The first position's acceptance estimate (for display)."""
-        return self.position_acceptance()[0] if self.max_gamma else 0.0
-
     def expected_tokens(self, gamma: int) -> float:
         """Tokens a step with `gamma` drafts is expected to append (bonus included)."""
         total, reach = 1.0, 1.0
