@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
-from . import bench, repl, soak
+from . import bench, distill, repl, soak
 from .commands import parse_integer, parse_number
 from .compatibility import IncompatibleTokenizersError
 from .config import (
@@ -40,6 +40,8 @@ from .config import (
     default_config_path,
     load_config,
 )
+from .draft_head import HeadLoadError, target_fingerprint
+from .gguf_cache import cache_root
 from .models import ModelLoadError, load_pair
 from .processors import PROCESSORS
 from .render import Renderer
@@ -141,12 +143,53 @@ def _run_soak(args: argparse.Namespace) -> int:
     return EXIT_FAILED if result.mismatches or grew_too_much else EXIT_OK
 
 
+def _run_distill(args: argparse.Namespace) -> int:
+    """`python infer.py distill`: train a draft head for the target; see distill.py."""
+    renderer = Renderer(Console(highlight=False), status_console=Console(stderr=True))
+    try:
+        config = app_config(args)
+    except (ConfigError, SettingError, ValueError) as error:
+        renderer.fatal(str(error))
+        return EXIT_USAGE
+    try:
+        with renderer.loading("Loading the target") as progress:
+            pair = load_pair(config.target, None, device=config.device,
+                             trust_remote_code=config.trust_remote_code, progress=progress)
+        work = cache_root() / "distill" / target_fingerprint(pair.target.model)
+        options = distill.options_from_args(args, work)
+    except (ModelLoadError, IncompatibleTokenizersError) as error:
+        renderer.fatal(str(error))
+        return EXIT_FAILED
+    except ValueError as error:
+        renderer.fatal(f"distill: {error}")
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        return _interrupted(renderer, "Interrupted while loading the target.")
+    renderer.note(f"distill: work directory {options.work} (rerun the same command to resume)")
+    try:
+        with renderer.distill_progress() as (on_data, on_train):
+            description = distill.distill(
+                pair, options, on_data=on_data, on_train=on_train, on_message=renderer.note
+            )
+    except KeyboardInterrupt:
+        return _interrupted(renderer, "Interrupted: the last checkpoint is kept; run the same "
+                            "command again to resume.")
+    renderer.distilled(description, str(options.output))
+    return EXIT_OK
+
+
 SUBCOMMANDS: list[Subcommand] = [
     Subcommand(
         "bench",
         "measure speed against the peers on Spec-Bench prompts (bench --help)",
         bench.add_arguments,
         _run_bench,
+    ),
+    Subcommand(
+        "distill",
+        "train a draft head for the target from its own answers (distill --help)",
+        distill.add_arguments,
+        _run_distill,
     ),
     Subcommand(
         "soak",
@@ -177,6 +220,7 @@ _SETTING_FLAGS = (
     _SettingFlag("--ngram-filler", "ngram_filler"),
     _SettingFlag("--lookup-max-ngram", "lookup_max_ngram"),
     _SettingFlag("--drafter-window", "drafter_window"),
+    _SettingFlag("--drafter-head", "drafter_head"),
     _SettingFlag("--processor", "processor"),
     _SettingFlag("--temperature", "temperature"),
     _SettingFlag("--top-k", "top_k"),
@@ -422,7 +466,7 @@ def _start(args: argparse.Namespace, renderer: Renderer) -> tuple[AppConfig, Cha
         return EXIT_USAGE
     try:
         return config, load_models(config, renderer)
-    except (ModelLoadError, IncompatibleTokenizersError) as error:
+    except (ModelLoadError, IncompatibleTokenizersError, HeadLoadError, SettingError) as error:
         renderer.fatal(str(error))
         return EXIT_FAILED
     except KeyboardInterrupt:

@@ -531,7 +531,8 @@ _toggle_command("chat", "chat", "chat template with history (off: raw text conti
 @REGISTRY.command(
     "drafter_kind",
     aliases=("kind",),
-    help="what drafts: model, ngram, lookup, or hybrid (lookup, else the model)",
+    help="what drafts: model, ngram, lookup, head (a trained draft head), or hybrid"
+    " (lookup, else the head or model)",
     arguments=(
         Argument("kind", str, "the drafter kind", setting="drafter_kind", choices=DRAFTER_KINDS),
         Argument("order", int, "longest n-gram", "ngram_order", when=("kind", ("ngram",))),
@@ -559,6 +560,13 @@ _toggle_command("chat", "chat", "chat template with history (off: raw text conti
             "drafter_window",
             when=("kind", ("model", "hybrid")),
         ),
+        Argument(
+            "head",
+            str,
+            "a draft head directory, or embedded",
+            "drafter_head",
+            when=("kind", ("head", "hybrid")),
+        ),
     ),
     current=lambda session: {"kind": session.settings.drafter_kind},
 )
@@ -577,6 +585,7 @@ _DRAFTER_ARGUMENT_SETTINGS = {
     "filler": "ngram_filler",
     "max_ngram": "lookup_max_ngram",
     "window": "drafter_window",
+    "head": "drafter_head",
 }
 
 

@@ -52,6 +52,7 @@ _DRAFTER_SETTINGS = {
     "max_ngram": "lookup_max_ngram",
     "top_k_filler": "ngram_filler",
     "window": "drafter_window",
+    "head": "drafter_head",
 }
 _DRAFTER_KEYS = ("kind", *_MODEL_KEYS, *_DRAFTER_SETTINGS)
 
@@ -194,7 +195,8 @@ class _Reader:
                     "drafter.kind", "one of " + ", ".join(map(repr, DRAFTER_KINDS)), kind
                 )
             # an n-gram or lookup drafter needs no model, but may name one to switch to
-            if DrafterOptions(kind=kind).needs_model or "source" in drafter_table:
+            options = DrafterOptions(kind=kind, head=drafter_table.get("head"))
+            if options.needs_model or "source" in drafter_table:
                 drafter = self.model_spec(drafter_table, "drafter")
             else:
                 for key in _MODEL_KEYS:

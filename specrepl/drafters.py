@@ -15,6 +15,7 @@ from typing import Protocol, runtime_checkable
 import torch
 from transformers import PreTrainedModel
 
+from .draft_head import DraftHead, HeadCache
 from .forward import context_length, forward_logits, logits_width, model_device
 from .kv_cache import cached_length, new_cache, rollback_to
 from .processors import LogitsProcessor
@@ -33,7 +34,15 @@ class Draft:
 
 @runtime_checkable
 class Drafter(Protocol):
-    """The interface the speculative loop drives."""
+    """The interface the speculative loop drives.
+
+    Two attributes are optional (read with a default, so drafters written
+    before them keep working): `width`, the number of logits the drafter's
+    distributions cover (None: no such limit), and `uses_target_features`
+    (default False), which asks the loop to pass the target's final hidden
+    states to `update` as `target_features` (they cost nothing to keep, but
+    only a drafter that reads them gets them).
+    """
 
     name: str
 
@@ -58,13 +67,18 @@ class Drafter(Protocol):
         sequence: torch.Tensor,
         valid_length: int,
         target_logits: torch.Tensor | None = None,
+        target_features: torch.Tensor | None = None,
     ) -> None:
         """After verification: `sequence` is the new context; its first
         `valid_length` tokens are ones the drafter already saw unchanged.
 
         `target_logits` (rows, vocab), when given, are the target's raw logits
         for the last `rows` tokens of `sequence`: row i is the target's view of
-        the token at position len(sequence) - rows + i, given the tokens before it."""
+        the token at position len(sequence) - rows + i, given the tokens before it.
+        `target_features` (rows, hidden), given to a drafter that
+        `uses_target_features`, are the target's final hidden states at the
+        positions it computed this step that verification kept: row i is
+        position valid_length - rows + i."""
 
 
 class ModelDrafter:
@@ -82,6 +96,7 @@ class ModelDrafter:
             raise ValueError(f"window must be >= 1 or None, got {window}")
         self.model = model
         self.name = name
+        self.uses_target_features = False
         self.use_cache = use_cache
         self.window = window
         self.device = model_device(model)
@@ -140,8 +155,110 @@ class ModelDrafter:
         sequence: torch.Tensor,
         valid_length: int,
         target_logits: torch.Tensor | None = None,
+        target_features: torch.Tensor | None = None,
     ) -> None:
         rollback_to(self.cache, min(cached_length(self.cache), valid_length - self.offset))
+
+
+class HeadDrafter:
+    """A trained draft head (`draft_head.py`) that drafts from the target's features.
+
+    It reads the target's final hidden state at every position the target
+    verified, so it has nothing to propose before the target's first pass
+    (the first step of a generation is the target's alone). Its cache holds
+    the positions read with the target's own features; draft positions, read
+    with the head's guesses, are dropped after every verification and read
+    again with the target's features. q is the head's distribution over its
+    draft vocabulary, zero elsewhere.
+    """
+
+    def __init__(self, head: DraftHead, *, name: str = "head") -> None:
+        self.head = head
+        self.name = name
+        self.width = None
+        self.uses_target_features = True
+        self.vocab_size = 0
+        self.cache = HeadCache()
+        self.real = 0  # positions in the cache read with the target's features
+        self.pending: torch.Tensor | None = None  # features not yet read, from position `real`
+
+    def begin(self, prompt: torch.Tensor, vocab_size: int) -> None:
+        self.vocab_size = vocab_size
+        self.cache = HeadCache()
+        self.real = 0
+        self.pending = None
+
+    @torch.no_grad()
+    def propose(
+        self,
+        sequence: torch.Tensor,
+        k: int,
+        processor: LogitsProcessor,
+        generator: torch.Generator | None,
+        min_confidence: float = 0.0,
+    ) -> Draft:
+        if self.pending is None or k <= 0:
+            return Draft(sequence.new_empty(0), None)
+        head = self.head
+        device = head.token_ids.device
+        features = self.pending.to(device=device, dtype=head.output_rows.dtype)
+        count = features.shape[0]
+        tokens = sequence[self.real + 1 : self.real + 1 + count].to(device)
+        positions = torch.arange(self.real, self.real + count, device=device)
+        hidden = head.step(features[None], tokens[None], positions[None], self.cache)[:, -1:]
+        self.real += count
+        self.pending = None
+        drafted: list[torch.Tensor] = []
+        laws: list[torch.Tensor] = []
+        position = self.real
+        for index in range(k):
+            logits = head.logits(hidden[0, 0]).float()
+            if processor.is_greedy:
+                if min_confidence > 0 and float(torch.softmax(logits, -1).max()) < min_confidence:
+                    break
+                token = head.token_ids[torch.argmax(logits)].reshape(1)
+            else:
+                full = logits.new_full((self.vocab_size,), float("-inf"))
+                full[head.token_ids] = logits
+                probs = processor.probabilities(full)
+                if min_confidence > 0 and float(probs.max()) < min_confidence:
+                    break
+                token = processor.sample(probs, generator).reshape(1).to(device)
+                laws.append(probs)
+            drafted.append(token)
+            if index + 1 < k:
+                hidden = head.step(hidden, token[None], torch.tensor([[position]], device=device),
+                                   self.cache)
+                position += 1
+        if not drafted:
+            return Draft(sequence.new_empty(0), None)
+        tokens_out = torch.cat(drafted).to(sequence.device)
+        return Draft(tokens_out, torch.stack(laws).to(sequence.device) if laws else None)
+
+    def update(
+        self,
+        sequence: torch.Tensor,
+        valid_length: int,
+        target_logits: torch.Tensor | None = None,
+        target_features: torch.Tensor | None = None,
+    ) -> None:
+        if target_features is None:
+            raise ValueError("the head drafter needs the target's features after every step")
+        start = valid_length - target_features.shape[0]
+        known = self.real + (0 if self.pending is None else self.pending.shape[0])
+        if start > known:
+            raise RuntimeError(
+                f"the head drafter has features up to position {known} but was given "
+                f"features from {start}: a step was not reported to it"
+            )
+        if start < self.real:  # the target recomputed positions the head has read
+            self.real = start
+        self.cache.rollback_to(self.real)
+        kept = None if self.pending is None else self.pending[: start - self.real]
+        fresh = target_features.detach()
+        self.pending = fresh if kept is None or kept.shape[0] == 0 else torch.cat((kept, fresh))
+        if self.pending.shape[0] == 0:
+            self.pending = None
 
 
 def as_drafter(drafter: Drafter | PreTrainedModel, *, use_cache: bool = True) -> Drafter:
@@ -176,6 +293,8 @@ class NgramDrafter:
         if top_k_filler < 1:
             raise ValueError(f"top_k_filler must be >= 1, got {top_k_filler}")
         self.name = "ngram"
+        self.width = None
+        self.uses_target_features = False
         self.max_order = max_order
         self.keep_between_prompts = keep_between_prompts
         self.top_k_filler = top_k_filler
@@ -245,6 +364,7 @@ class NgramDrafter:
         sequence: torch.Tensor,
         valid_length: int,
         target_logits: torch.Tensor | None = None,
+        target_features: torch.Tensor | None = None,
     ) -> None:
         seen = len(self.tokens)
         if sequence.shape[0] > seen:
@@ -270,6 +390,8 @@ class LookupDrafter:
         if not 1 <= min_ngram <= max_ngram:
             raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
         self.name = "lookup"
+        self.width = None
+        self.uses_target_features = False
         self.max_ngram = max_ngram
         self.min_ngram = min_ngram
 
@@ -300,12 +422,13 @@ class LookupDrafter:
         sequence: torch.Tensor,
         valid_length: int,
         target_logits: torch.Tensor | None = None,
+        target_features: torch.Tensor | None = None,
     ) -> None:
         pass
 
 
 class HybridDrafter:
-    """Prompt lookup where it pays, a model elsewhere.
+    """Prompt lookup where it pays, a model (or a draft head) elsewhere.
 
     Copying from the context costs no model call and is often right when the
     answer quotes its prompt (summaries, extraction, code edits); elsewhere the
@@ -325,7 +448,7 @@ class HybridDrafter:
 
     def __init__(
         self,
-        model: ModelDrafter,
+        model: ModelDrafter | HeadDrafter,
         lookup: LookupDrafter,
         *,
         min_match: int = 2,
@@ -337,6 +460,7 @@ class HybridDrafter:
         self.lookup = LookupDrafter(lookup.max_ngram, max(min_match, lookup.min_ngram))
         self.name = "hybrid"
         self.width = model.width
+        self.uses_target_features = model.uses_target_features
         self.cost_ratio = cost_ratio
         self.last_source = "none"
         self.lookup_gain = 2.0  # optimistic start: lookup is tried first
@@ -379,6 +503,7 @@ class HybridDrafter:
         sequence: torch.Tensor,
         valid_length: int,
         target_logits: torch.Tensor | None = None,
+        target_features: torch.Tensor | None = None,
     ) -> None:
         if self._proposed:
             kept = sequence[self._start :].tolist()
@@ -392,10 +517,10 @@ class HybridDrafter:
             if self.last_source == "model":
                 self.model_gain = self._average(self.model_gain, valid_length - self._start)
         self._candidate, self._proposed = [], 0
-        self.model.update(sequence, valid_length, target_logits)
+        self.model.update(sequence, valid_length, target_logits, target_features)
 
 
-DRAFTER_KINDS = ("model", "ngram", "lookup", "hybrid")
+DRAFTER_KINDS = ("model", "ngram", "lookup", "hybrid", "head")
 
 
 @dataclass(frozen=True)
@@ -409,18 +534,30 @@ class DrafterOptions:
     lookup_max_ngram: int = 3
     window: int | None = None
     min_match: int = 2
+    head: str | None = None
+    """A draft head directory (or "embedded"): the `head` kind drafts with it,
+    and `hybrid` uses it instead of the drafter model."""
 
     @property
     def needs_model(self) -> bool:
-        return self.kind in ("model", "hybrid")
+        return self.kind == "model" or (self.kind == "hybrid" and self.head is None)
+
+    @property
+    def needs_head(self) -> bool:
+        return self.kind == "head" or (self.kind == "hybrid" and self.head is not None)
 
 
 def build_drafter(
-    options: DrafterOptions, model: PreTrainedModel | None, *, use_cache: bool = True
+    options: DrafterOptions,
+    model: PreTrainedModel | None,
+    *,
+    head: DraftHead | None = None,
+    use_cache: bool = True,
 ) -> Drafter:
     """The drafter `options` describe; `model` is the drafter model, needed by
-    the `model` and `hybrid` kinds. Raises ValueError for an unknown kind or a
-    missing model."""
+    the `model` kind and by `hybrid` without a head; `head` the loaded draft
+    head, needed by the `head` kind and by `hybrid` with one. Raises
+    ValueError for an unknown kind or a missing model or head."""
     if options.kind == "ngram":
         return NgramDrafter(
             options.ngram_order,
@@ -433,11 +570,19 @@ def build_drafter(
         raise ValueError(
             f"unknown drafter kind {options.kind!r}; choose one of: {', '.join(DRAFTER_KINDS)}"
         )
-    if model is None:
-        raise ValueError(f"the {options.kind} drafter needs a drafter model, and none is loaded")
-    drafter = ModelDrafter(model, use_cache=use_cache, window=options.window)
+    inner: ModelDrafter | HeadDrafter
+    if options.needs_head:
+        if head is None:
+            raise ValueError(f"the {options.kind} drafter needs a draft head, and none is loaded")
+        inner = HeadDrafter(head)
+    else:
+        if model is None:
+            raise ValueError(
+                f"the {options.kind} drafter needs a drafter model, and none is loaded"
+            )
+        inner = ModelDrafter(model, use_cache=use_cache, window=options.window)
     if options.kind == "hybrid":
         return HybridDrafter(
-            drafter, LookupDrafter(options.lookup_max_ngram), min_match=options.min_match
+            inner, LookupDrafter(options.lookup_max_ngram), min_match=options.min_match
         )
-    return drafter
+    return inner

@@ -39,7 +39,6 @@ def model_device(model: PreTrainedModel) -> torch.device:
     return next(model.parameters()).device
 
 
-@torch.no_grad()
 def forward_logits(
     model: PreTrainedModel,
     sequence: torch.Tensor,
@@ -47,7 +46,24 @@ def forward_logits(
     keep: int,
     vocab_size: int,
 ) -> torch.Tensor:
-    """Float logits of the last `keep` positions of `sequence`, shape (keep, vocab_size).
+    """Float logits of the last `keep` positions of `sequence`, shape (keep, vocab_size)
+    (see `forward_pass`)."""
+    return forward_pass(model, sequence, cache, keep, vocab_size)[0]
+
+
+@torch.no_grad()
+def forward_pass(
+    model: PreTrainedModel,
+    sequence: torch.Tensor,
+    cache: DynamicCache | None,
+    keep: int,
+    vocab_size: int,
+    *,
+    features: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Logits of the last `keep` positions of `sequence`, shape (keep, vocab_size),
+    and, when `features` is set, the model's final hidden states (the input of
+    its output layer) at every position fed, shape (fed, hidden); else None.
 
     With a cache, only the tokens it does not hold yet are fed (positions come
     from the cache's length); without one the whole sequence is recomputed.
@@ -74,7 +90,12 @@ def forward_logits(
         past_key_values=cache,
         use_cache=cache is not None,
         logits_to_keep=keep + pad,
+        output_hidden_states=features,
     )
     if pad:
         rollback_to(cache, length)
-    return output.logits[0, -(keep + pad) : output.logits.shape[1] - pad, :vocab_size]
+    logits = output.logits[0, -(keep + pad) : output.logits.shape[1] - pad, :vocab_size]
+    if not features:
+        return logits, None
+    hidden = output.hidden_states[-1][0]
+    return logits, hidden[: hidden.shape[0] - pad]

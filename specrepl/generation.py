@@ -23,9 +23,9 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from .drafters import Draft, Drafter, as_drafter
-from .forward import context_length, forward_logits, logits_width, model_device
+from .forward import context_length, forward_pass, logits_width, model_device
 from .gamma import FixedGamma, GammaPolicy
-from .kv_cache import new_cache, rollback_to
+from .kv_cache import cached_length, new_cache, rollback_to
 from .processors import GreedyProcessor, LogitsProcessor
 from .results import GenerationResult, GeneratorKind, StepEvent, StopReason
 from .verification import verify_greedy, verify_sampling
@@ -118,9 +118,11 @@ def _run_loop(
     device = model_device(target)
     if vocab_size is None:
         vocab_size = logits_width(target)
-        if drafter is not None and hasattr(drafter, "width"):
-            vocab_size = min(vocab_size, drafter.width)
+        width = getattr(drafter, "width", None)
+        if width is not None:
+            vocab_size = min(vocab_size, width)
     end_tokens = _end_tokens(eos_tokens_id)
+    wants_features = bool(getattr(drafter, "uses_target_features", False))
     limit = max_gen_len if context is None else min(max_gen_len, context - len(inputs))
     limit_reason: StopReason = "length" if limit == max_gen_len else "context"
 
@@ -148,7 +150,10 @@ def _run_loop(
         k = len(draft)
         length = sequence.shape[0]
         candidate = torch.cat((sequence, draft.tokens)) if k else sequence
-        logits = forward_logits(target, candidate, cache, k + 1, vocab_size)
+        fed_from = cached_length(cache)
+        logits, features = forward_pass(
+            target, candidate, cache, k + 1, vocab_size, features=wants_features
+        )
         verified_at = clock.now()
         if logits_processor.is_greedy:
             accepted, token = verify_greedy(draft.tokens, logits)
@@ -168,7 +173,10 @@ def _run_loop(
         sequence = torch.cat((candidate[: length + accepted], candidate.new_tensor([token])))
         sequence = sequence[: length + len(appended)]
         rollback_to(cache, length + accepted)
-        if drafter is not None:
+        if features is not None:  # only a drafter that asked for them
+            kept = features[: length + accepted - fed_from]
+            drafter.update(sequence, length + accepted, logits[: len(appended)], kept)
+        elif drafter is not None:
             drafter.update(sequence, length + accepted, logits[: len(appended)])
         generated += len(appended)
         clock.pause()

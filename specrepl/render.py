@@ -26,7 +26,14 @@ from rich import box
 from rich.console import Console, Group, RenderableType
 from rich.live import Live
 from rich.panel import Panel
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 from rich.table import Table
 from rich.text import Text
 
@@ -46,6 +53,8 @@ from .session import GENERATORS, Answer, Run, RunFinished, RunStarted, RunStep, 
 from .settings import Settings
 
 if TYPE_CHECKING:
+    from .distill_data import DataProgress
+    from .distill_train import TrainProgress
     from .models import LoadedModel, ModelPair
     from .soak import SoakResult
 
@@ -301,6 +310,10 @@ class Renderer:
         if hint:
             self.console.print(Text(f"  {hint}", style="dim"))
 
+    def note(self, message: str) -> None:
+        """A one-line status message, shown with the start-up messages (stderr)."""
+        self.status_console.print(Text(message, style="dim"), soft_wrap=True)
+
     def fatal(self, message: str) -> None:
         """An error that ends the program (shown with the start-up messages, on stderr)."""
         self.status_console.print(Text("✗ ", style="bold red") + Text(message), soft_wrap=True)
@@ -511,6 +524,88 @@ class Renderer:
             style="dim",
         )
         return Group(legend, positions, lengths)
+
+    # -- distill -----------------------------------------------------------
+
+    @contextlib.contextmanager
+    def distill_progress(
+        self,
+    ) -> Iterator[tuple[Callable[[DataProgress], None], Callable[[TrainProgress], None]]]:
+        """Bars for the data stages and training (ETA, loss, held-back agreement
+        of each draft position); off a terminal, a line every few percent."""
+        console = self.status_console
+        last_line = {"share": -1.0}
+
+        def agreement_text(agreement: tuple[float, ...] | None) -> str:
+            if not agreement:
+                return ""
+            return "agree " + " ".join(f"{a:.2f}" for a in agreement)
+
+        if not console.is_terminal:
+            def data_line(report: DataProgress) -> None:
+                console.print(Text(f"  {report.stage}: {report.done}/{report.total}"
+                                   f" ({report.tokens} answer tokens)", style="dim"))
+
+            def train_line(report: TrainProgress) -> None:
+                share = report.seconds / max(report.budget_seconds, 1e-9)
+                if report.agreement is None and share - last_line["share"] < 0.05:
+                    return
+                last_line["share"] = share
+                console.print(Text(
+                    f"  training: {report.seconds / 60:.1f}/{report.budget_seconds / 60:.0f} min,"
+                    f" {report.tokens} tokens, loss {report.loss:.3f}"
+                    f" {agreement_text(report.agreement)}", style="dim"))
+
+            yield data_line, train_line
+            return
+        columns = (
+            TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+            TimeRemainingColumn(), TextColumn("{task.fields[detail]}"),
+        )
+        with Progress(*columns, console=console) as bars:
+            tasks: dict[str, Any] = {}
+            shown = {"agreement": ""}
+
+            def task(name: str, total: float) -> Any:
+                if name not in tasks:
+                    tasks[name] = bars.add_task(name, total=total, detail="")
+                return tasks[name]
+
+            def on_data(report: DataProgress) -> None:
+                detail = f"{report.tokens} tokens" if report.tokens else ""
+                bars.update(task(report.stage, report.total), completed=report.done,
+                            total=report.total, detail=detail)
+
+            def on_train(report: TrainProgress) -> None:
+                if report.agreement is not None:
+                    shown["agreement"] = agreement_text(report.agreement)
+                loss = "" if report.loss != report.loss else f"loss {report.loss:.3f}  "
+                bars.update(task("training (s)", report.budget_seconds),
+                            completed=min(report.seconds, report.budget_seconds),
+                            detail=f"{loss}{shown['agreement']}")
+
+            yield on_data, on_train
+
+    def distilled(self, description: dict[str, Any], output: str) -> None:
+        """What `distill` wrote: the head, its data and its held-back agreement."""
+        table = _table("draft head")
+        table.add_column("", style="bold")
+        table.add_column("")
+        training = description["training"]
+        data = description["data"]
+        agreement = "held_back_agreement"
+        rows = (
+            ("written to", output),
+            ("target", f"{description['target']['name']} ({description['target']['fingerprint']})"),
+            ("parameters", f"{description['parameters']:,} trained"),
+            ("draft vocabulary", f"{description['draft_vocab']} most frequent tokens"),
+            ("data", f"{data['prompt_count']} prompts, {data['answer_tokens']} answer tokens"),
+            ("training", f"{training['seconds'] / 60:.1f} min, {training['tokens']} tokens"),
+            ("held-back agreement", " ".join(f"{a:.3f}" for a in description[agreement])),
+        )
+        for name, value in rows:
+            table.add_row(name, value)
+        self.console.print(table)
 
     # -- soak --------------------------------------------------------------
 

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Literal, Union
 
 import torch
 
+from .draft_head import DraftHead, HeadLoadError, load_head, resolve_head
 from .drafters import Drafter, NgramDrafter, build_drafter
 from .forward import context_length
 from .generation import (
@@ -239,9 +240,11 @@ class ChatSession:
         settings = settings or Settings()
         if pair.drafter is None:
             off = {"drafter_gen": False}
-            if settings.drafter_kind == "model":
+            if settings.drafter_options().needs_model:
                 off["speculative"] = False
             settings = settings.updated(**off)
+        self._heads: dict[str, tuple[DraftHead, dict[str, Any]]] = {}
+        self._check_head(settings)
         self.settings = settings
         self._ngram: NgramDrafter | None = None
 
@@ -261,11 +264,16 @@ class ChatSession:
         if self.pair.drafter is None:
             if updated.drafter_gen:
                 raise SettingError("drafter_gen needs a drafter model, and none is loaded")
-            if updated.speculative and updated.drafter_kind == "model":
+            if updated.speculative and updated.drafter_options().needs_model:
                 raise SettingError(
-                    "speculative decoding with the model drafter needs a drafter model, and none"
-                    " is loaded: choose /drafter_kind ngram or lookup, or start with --drafter"
+                    f"speculative decoding with the {updated.drafter_kind} drafter needs a drafter"
+                    " model, and none is loaded: choose /drafter_kind ngram, lookup or head, or"
+                    " start with --drafter"
                 )
+        try:
+            self._check_head(updated)
+        except HeadLoadError as error:
+            raise SettingError(str(error)) from None
         old = self.settings
         self.settings = updated
         return [Change(name, getattr(old, name), getattr(updated, name)) for name in changes]
@@ -319,11 +327,11 @@ class ChatSession:
         }
         autoregressive_generate(ids, self.pair.target.model, max_gen_len=2, **common)
         if self.pair.drafter is not None:
-            drafter = self.pair.drafter.model
-            autoregressive_generate(ids, drafter, max_gen_len=2, **common)
+            autoregressive_generate(ids, self.pair.drafter.model, max_gen_len=2, **common)
+        if settings.speculative and settings.drafter_kind != "ngram":  # n-gram counts may be kept
             speculative_generate(
                 ids,
-                drafter,
+                self._drafter(settings),
                 self.pair.target.model,
                 gamma=settings.gamma,
                 max_gen_len=settings.gamma + 2,
@@ -492,7 +500,30 @@ class ChatSession:
                 self._ngram = kept
             return kept
         model = self._drafter_model() if options.needs_model else None
-        return build_drafter(options, model, use_cache=settings.use_cache)
+        loaded = self.head(settings) if options.needs_head else None
+        head = None if loaded is None else loaded[0]
+        return build_drafter(options, model, head=head, use_cache=settings.use_cache)
+
+    def _check_head(self, settings: Settings) -> None:
+        """Load the draft head the settings ask for, if any (HeadLoadError if it
+        cannot be used with this target; SettingError if none is named)."""
+        options = settings.drafter_options()
+        if options.kind == "head" and options.head is None:
+            raise SettingError(
+                "the head drafter needs a draft head: /drafter_kind head PATH (or embedded, the "
+                "head shipped for the embedded model); `python infer.py distill` trains one"
+            )
+        if options.needs_head:
+            self.head(settings)
+
+    def head(self, settings: Settings | None = None) -> tuple[DraftHead, dict[str, Any]] | None:
+        """The settings' draft head and its description, loaded once per directory."""
+        name = (settings or self.settings).drafter_head
+        if name is None:
+            return None
+        if name not in self._heads:
+            self._heads[name] = load_head(resolve_head(name), self.pair.target.model)
+        return self._heads[name]
 
     def _drafter_model(self) -> Any:
         if self.pair.drafter is None:

@@ -130,7 +130,8 @@ class Settings:
     drafter_kind: str = _setting(
         "model",
         Bound(str, choices=DRAFTER_KINDS),
-        "what drafts: a model, n-grams, prompt lookup, or hybrid (lookup, else the model)",
+        "what drafts: a model, n-grams, prompt lookup, a trained draft head, or hybrid"
+        " (lookup, else the head or model)",
     )
     ngram_order: int = _setting(
         3, Bound(int, 2, NGRAM_ORDER_MAX), "longest n-gram the n-gram drafter counts"
@@ -145,6 +146,11 @@ class Settings:
     )
     lookup_max_ngram: int = _setting(
         3, Bound(int, 1, NGRAM_ORDER_MAX), "longest suffix prompt lookup searches for"
+    )
+    drafter_head: str | None = _setting(
+        None,
+        Bound(str, optional=True),
+        "draft head for the head and hybrid drafters: a directory, or embedded (none: no head)",
     )
     drafter_window: int = _setting(
         0,
@@ -201,6 +207,7 @@ class Settings:
             top_k_filler=self.ngram_filler,
             lookup_max_ngram=self.lookup_max_ngram,
             window=self.drafter_window or None,
+            head=self.drafter_head,
         )
 
     def gamma_policy_object(self) -> GammaPolicy:

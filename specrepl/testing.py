@@ -113,3 +113,54 @@ def interrupt_on_call(model: torch.nn.Module, call: int) -> Iterator[None]:
         yield
     finally:
         handle.remove()
+
+
+def tiny_head(
+    target: LlamaForCausalLM,
+    *,
+    draft_vocab: int | None = None,
+    seconds: float = 2.0,
+    seed: int = 0,
+    end_token: int = 3,
+) -> Any:
+    """A draft head for a tiny target, trained for `seconds` on the target's own
+    greedy continuations of random prompts, through the same data and training
+    code as `python infer.py distill`."""
+    import tempfile
+    from pathlib import Path
+
+    from .distill_data import batched_generate, target_features
+    from .distill_train import TrainSettings, train_head
+
+    vocab = target.config.vocab_size
+    generator = torch.Generator().manual_seed(seed)
+    prompts = [
+        torch.randint(
+            4, vocab, (int(torch.randint(4, 12, (1,), generator=generator)),), generator=generator
+        ).tolist()
+        for _ in range(48)
+    ]
+    generated = batched_generate(
+        target, prompts, max_new_tokens=24, end_tokens=[end_token], pad_id=0, keep_features=False
+    )
+    features = target_features(target, generated.ids, pad_id=0)
+    records = [
+        {"ids": ids, "features": feats, "prompt_length": length}
+        for ids, feats, length in zip(
+            generated.ids, features, generated.prompt_lengths, strict=True
+        )
+    ]
+    settings = TrainSettings(
+        draft_vocab=draft_vocab or vocab,
+        depth=2,
+        learning_rate=3e-3,
+        batch_sequences=8,
+        max_minutes=seconds / 60,
+        seed=seed,
+        checkpoint_seconds=1e9,
+    )
+    with tempfile.TemporaryDirectory() as work:
+        state = train_head(
+            target, records, settings, Path(work), end_tokens=[end_token], vocab_size=vocab
+        )
+    return state.head

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 
-from specrepl.drafters import HybridDrafter, LookupDrafter, ModelDrafter, NgramDrafter
+from specrepl.drafters import HeadDrafter, HybridDrafter, LookupDrafter, ModelDrafter, NgramDrafter
 from specrepl.gamma import AutoGamma, HeuristicGamma, expected_tokens, make_policy
 from specrepl.generation import autoregressive_generate, speculative_generate
 from specrepl.processors import GreedyProcessor
 from specrepl.results import StepEvent
-from specrepl.testing import perturbed_copy, tiny_llama
+from specrepl.testing import perturbed_copy, tiny_head, tiny_llama
 
 PROMPTS = ([1, 17, 4, 30, 8, 8, 2, 11, 17, 4, 30], [1, 5, 9, 12], [6, 7, 6, 7, 6, 7])
 
@@ -25,7 +27,17 @@ def references(target) -> dict[tuple[int, ...], list[int]]:
     return {tuple(p): autoregressive_generate(p, target, max_gen_len=40).token_ids for p in PROMPTS}
 
 
+@functools.cache
+def trained_head(target):
+    """A head trained for two seconds: it drafts right often but not always."""
+    return tiny_head(target, draft_vocab=24, seconds=2.0)
+
+
 def make_drafter(kind: str, target, use_cache: bool):
+    if kind == "head":
+        return HeadDrafter(trained_head(target))
+    if kind == "hybrid-head":
+        return HybridDrafter(HeadDrafter(trained_head(target)), LookupDrafter(3), min_match=1)
     if kind == "model":
         return ModelDrafter(perturbed_copy(target, 0.1, seed=1), use_cache=use_cache)
     if kind == "ngram":
@@ -44,7 +56,18 @@ def make_drafter(kind: str, target, use_cache: bool):
 
 @pytest.mark.parametrize("policy", ["fixed", "heuristic", "confidence", "auto"])
 @pytest.mark.parametrize(
-    "kind", ["model", "model-window", "ngram", "ngram-kept", "ngram-filler", "lookup", "hybrid"]
+    "kind",
+    [
+        "model",
+        "model-window",
+        "ngram",
+        "ngram-kept",
+        "ngram-filler",
+        "lookup",
+        "hybrid",
+        "head",
+        "hybrid-head",
+    ],
 )
 def test_greedy_equality_for_every_drafter_and_policy(target, references, kind, policy) -> None:
     for gamma, use_cache in ((1, True), (3, False), (8, True)):

@@ -14,10 +14,13 @@ answers them with the tiny pair.
 from __future__ import annotations
 
 import io
+import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from rich.console import Console
@@ -34,11 +37,13 @@ from specrepl.commands import (
     Quit,
     SettingsChanged,
 )
+from specrepl.draft_head import DraftHead, save_head, target_fingerprint
 from specrepl.models import ModelPair
 from specrepl.render import Renderer
 from specrepl.repl import handle_line
 from specrepl.session import Answer, ChatSession, EventCallback
 from specrepl.settings import Settings
+from specrepl.testing import tiny_llama
 
 HISTORY = [{"role": "user", "content": "w7"}, {"role": "assistant", "content": "w8"}]
 MESSAGE_MAX = 300
@@ -81,12 +86,29 @@ def session(pair: ModelPair) -> QuietSession:
 # -- cases built from the registry -------------------------------------------------------
 
 
+def _head_for_the_tiny_pair() -> Path:
+    """A draft head (untrained) for the `pair` fixture's target: the one valid
+    value of the head argument, which must name a head made for the target."""
+    directory = Path(tempfile.mkdtemp(prefix="specrepl-head-"))
+    target = tiny_llama(32, seed=4)
+    head = DraftHead.for_target(target, torch.arange(16))
+    save_head(
+        head, directory, {"target": {"name": "tiny", "fingerprint": target_fingerprint(target)}}
+    )
+    return directory
+
+
+HEAD_DIRECTORY = _head_for_the_tiny_pair()
+
+
 def valid_tokens(argument: Argument) -> list[str]:
     """Tokens the argument accepts: every choice of a choice argument, else one value."""
     if argument.kind is bool:
         return ["on"]
     if argument.choices:
         return list(argument.choices)
+    if argument.setting == "drafter_head":
+        return [str(HEAD_DIRECTORY)]
     if argument.setting is not None:
         bound = Settings.bound(argument.setting)
         if bound.kind is str:
@@ -104,6 +126,8 @@ def invalid_tokens(argument: Argument) -> list[tuple[str, str]]:
     """(mistake, token) pairs the argument must refuse: wrong types, then values out of range."""
     if argument.rest:
         return []  # the rest of the line is text: nothing is of the wrong type
+    if argument.setting == "drafter_head":
+        return [("not a head", "no-such-head")]  # any text, but it must name a usable head
     mistakes: list[tuple[str, str]] = []
     if argument.kind is bool:
         mistakes += [("wrong type", "maybe"), ("wrong type", "2"), ("wrong type", "")]
@@ -227,6 +251,10 @@ def test_bad_argument_is_refused_naming_the_valid_values(
     session: QuietSession, command: Command, argument: Argument, line: str
 ) -> None:
     result = assert_refused(session, line)
+    if argument.setting == "drafter_head":
+        assert "no draft head at no-such-head" in result.message, result.message
+        assert result.usage == command.usage()
+        return
     if argument.choices_of is not None and argument.setting is None and not argument.choices:
         # a value offered for completion only: the handler refuses it with its own answer
         assert argument.valid() in result.message or result.usage == "/help lists the commands"

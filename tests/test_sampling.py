@@ -15,7 +15,15 @@ import torch
 from scipy import stats
 
 import specrepl.verification as verification
-from specrepl.drafters import Draft, HybridDrafter, LookupDrafter, ModelDrafter, NgramDrafter
+from specrepl.draft_head import DraftHead
+from specrepl.drafters import (
+    Draft,
+    HeadDrafter,
+    HybridDrafter,
+    LookupDrafter,
+    ModelDrafter,
+    NgramDrafter,
+)
 from specrepl.generation import speculative_generate
 from specrepl.processors import (
     LogitsProcessor,
@@ -166,6 +174,36 @@ MIXED = {
     # the drafter reads only the last 2 prompt tokens
     "model-window": lambda model: ModelDrafter(model, window=2),
 }
+
+
+@pytest.fixture(scope="module")
+def head(target: torch.nn.Module) -> DraftHead:
+    """An untrained head over 6 of the 8 tokens: q is zero on the other two,
+    where p is not, so the residual must supply them."""
+    torch.manual_seed(3)
+    return DraftHead.for_target(target, torch.tensor([0, 1, 2, 4, 5, 7])).eval()
+
+
+HEADS = {
+    "head": lambda head: HeadDrafter(head),
+    "hybrid-head": lambda head: HybridDrafter(HeadDrafter(head), LookupDrafter(2), min_match=1),
+}
+
+
+@pytest.mark.parametrize("case", ["head-topk", "head-nocache", "hybrid-head"])
+def test_draft_head_sampling_is_lossless(target, head, case) -> None:
+    processor = (
+        TopKProcessor(temperature=0.8, top_k=4)
+        if case != "head-nocache"
+        else (MultinomialProcessor(1.0))
+    )
+    drafter = HEADS["hybrid-head" if case == "hybrid-head" else "head"](head)
+    counts, acceptance = sample_counts(
+        target, drafter, processor, gamma=2, use_cache=case != "head-nocache"
+    )
+    p_value, total_variation = compare(exact_law(target, processor), counts)
+    assert 0.05 < acceptance < 0.95
+    assert p_value > 1e-3 and total_variation < 0.09, (p_value, total_variation)
 
 
 @pytest.mark.parametrize("kind", list(MIXED))

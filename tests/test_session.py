@@ -304,7 +304,7 @@ def test_without_a_drafter_model_the_ngram_drafters_still_speculate() -> None:
     alone = ModelPair.from_models(target, None, tiny_tokenizer(32))
     session = ChatSession(alone, Settings(max_new_tokens=8))
     assert not session.settings.speculative  # the model drafter has no model
-    with pytest.raises(ValueError, match="drafter_kind ngram or lookup"):
+    with pytest.raises(ValueError, match="drafter_kind ngram, lookup or head"):
         session.update(speculative=True)
     session.update(drafter_kind="lookup", speculative=True)
     answer = session.answer(PROMPT)
