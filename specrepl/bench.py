@@ -63,6 +63,7 @@ from rich.progress import (
 
 from .compatibility import IncompatibleTokenizersError
 from .config import AppConfig, ConfigError, default_config_path, load_config
+from .draft_head import HeadLoadError, load_head, resolve_head
 from .drafters import DRAFTER_KINDS, Drafter, DrafterOptions, build_drafter
 from .gamma import POLICIES, FixedGamma, GammaPolicy, expected_tokens, make_policy
 from .generation import autoregressive_generate, speculative_generate
@@ -716,7 +717,18 @@ class Benchmark:
                 "add a [drafter] table or use --drafter-kind ngram or lookup"
             )
         model = self.pair.drafter.model if self.pair.drafter is not None else None
-        return build_drafter(options, model, use_cache=self.options.use_cache)
+        head = None
+        if options.needs_head:
+            if options.head is None:
+                raise BenchError(
+                    f"--drafter-kind {options.kind} needs a draft head: give --drafter-head PATH "
+                    "(or embedded), or a [drafter] head in the config"
+                )
+            try:
+                head, _ = load_head(resolve_head(options.head), self.pair.target.model)
+            except HeadLoadError as error:
+                raise BenchError(str(error)) from None
+        return build_drafter(options, model, head=head, use_cache=self.options.use_cache)
 
     def _make_methods(self) -> list[Method]:
         options = self.options
@@ -1339,7 +1351,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--drafter-kind",
         choices=DRAFTER_KINDS,
-        help="model (the config's drafter), ngram or lookup (default: the config's drafter kind)",
+        help="model (the config's drafter), ngram, lookup, head (a trained draft head) or "
+        "hybrid (default: the config's drafter kind)",
+    )
+    parser.add_argument(
+        "--drafter-head",
+        metavar="PATH",
+        help="draft head for --drafter-kind head or hybrid: a directory, embedded, or none "
+        "(default: the config's)",
     )
     parser.add_argument(
         "--peers",
@@ -1424,6 +1443,9 @@ def _plan(args: argparse.Namespace) -> _Plan:
         prompts_path, categories=_categories(_arg(args, "categories")), limit=_arg(args, "limit")
     )
     kind = _arg(args, "drafter_kind") or settings.drafter_kind
+    head_flag = _arg(args, "drafter_head")
+    if head_flag is not None:
+        settings = settings.updated(drafter_head=None if head_flag.lower() == "none" else head_flag)
     peers = () if _arg(args, "peers") in (None, "none") else (_arg(args, "peers"),)
     options = BenchOptions(
         max_new_tokens=settings.max_new_tokens,
@@ -1440,7 +1462,7 @@ def _plan(args: argparse.Namespace) -> _Plan:
         system_prompt=settings.system_prompt,
         tune_widths=_arg(args, "widths") != "off",
     )
-    needs_model = DrafterOptions(kind=kind).needs_model
+    needs_model = DrafterOptions(kind=kind, head=settings.drafter_head).needs_model
     if needs_model and config.drafter is None:
         raise BenchError(
             f"--drafter-kind {kind} needs a [drafter] in the config; "

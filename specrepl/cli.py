@@ -489,7 +489,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     config, session = started
     try:
         if not args.json:
-            renderer.loaded(session.pair)
+            renderer.loaded(session.pair, session.head_summary())
         if args.prompt is not None:
             return _one_shot(config, session, renderer, args)
         # the REPL handles Ctrl-C itself; one can still land in its welcome or goodbye

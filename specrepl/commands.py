@@ -118,6 +118,8 @@ class ShowSettings:
 @dataclass(frozen=True)
 class ShowModels:
     pair: ModelPair
+    head: dict[str, Any] | None = None
+    """The draft head in use, if any: its head.json plus "path"."""
 
 
 @dataclass(frozen=True)
@@ -656,7 +658,7 @@ def _config(session: ChatSession, values: Mapping[str, Any]) -> CommandResult:
 
 @REGISTRY.command("models", help="show the loaded target and drafter")
 def _models(session: ChatSession, values: Mapping[str, Any]) -> CommandResult:
-    return ShowModels(session.pair)
+    return ShowModels(session.pair, session.head_summary())
 
 
 def _command_names() -> tuple[str, ...]:

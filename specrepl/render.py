@@ -288,8 +288,8 @@ class Renderer:
             console.print(what, style="dim")
             yield lambda message: console.print(Text(f"  {message}", style="dim"))
 
-    def loaded(self, pair: ModelPair) -> None:
-        self.console.print(self._models_table(pair))
+    def loaded(self, pair: ModelPair, head: dict[str, Any] | None = None) -> None:
+        self.console.print(self._models_table(pair, head))
 
     def welcome(self, interactive: bool) -> None:
         keys = " Ctrl-C stops a generation, Ctrl-D quits." if interactive else ""
@@ -385,7 +385,7 @@ class Renderer:
 
     @show.register
     def _(self, result: ShowModels) -> None:
-        self.console.print(self._models_table(result.pair))
+        self.console.print(self._models_table(result.pair, result.head))
 
     @show.register
     def _(self, result: ShowHelp) -> None:
@@ -685,7 +685,7 @@ class Renderer:
 
     # -- models ------------------------------------------------------------
 
-    def _models_table(self, pair: ModelPair) -> RenderableType:
+    def _models_table(self, pair: ModelPair, head: dict[str, Any] | None = None) -> RenderableType:
         table = _table()
         table.add_column("", style="bold")
         table.add_column("model")
@@ -700,7 +700,8 @@ class Renderer:
         ]
         for role, model in roles:
             if model is None:
-                table.add_row(role, Text("none (speculative decoding is off)", style="dim"))
+                why = "the draft head drafts" if head else "speculative decoding is off"
+                table.add_row(role, Text(f"none ({why})", style="dim"))
                 continue
             cached = " (cache)" if model.from_cache else ""
             name = Text(model.name)
@@ -714,6 +715,21 @@ class Renderer:
                 _count(model.parameters),
                 _bytes(model.memory_bytes),
                 f"{model.load_seconds:.1f} s{cached}",
+            )
+        if head is not None:
+            agreement = " ".join(f"{a:.2f}" for a in head.get("held_back_agreement", []))
+            table.add_row(
+                "draft head",
+                Text(head["path"]).append(
+                    f" ({head.get('draft_vocab')} tokens; for {head['target'].get('name')};"
+                    f" held-back agreement {agreement or 'not measured'})",
+                    style="dim",
+                ),
+                head.get("dtype", DASH),
+                DASH,
+                _count(int(head.get("parameters", 0))),
+                DASH,
+                DASH,
             )
         footer = Text(
             f"device {pair.device} · vocabulary {pair.vocab_size} · "

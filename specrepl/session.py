@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Literal, Union
 
 import torch
 
-from .draft_head import DraftHead, HeadLoadError, load_head, resolve_head
+from .draft_head import DraftHead, HeadLoadError, fastest_dtype, load_head, resolve_head
 from .drafters import Drafter, NgramDrafter, build_drafter
 from .forward import context_length
 from .generation import (
@@ -522,8 +522,24 @@ class ChatSession:
         if name is None:
             return None
         if name not in self._heads:
-            self._heads[name] = load_head(resolve_head(name), self.pair.target.model)
+            head, description = load_head(resolve_head(name), self.pair.target.model)
+            if self.pair.device.type == "cpu" and head.output_rows.dtype == torch.float32:
+                best, timed = fastest_dtype(head, (torch.float32, torch.bfloat16))
+                head.to(best)
+                description = {
+                    **description,
+                    "dtype": str(best).removeprefix("torch."),
+                    "draft_seconds": timed,
+                }
+            self._heads[name] = (head, description)
         return self._heads[name]
+
+    def head_summary(self) -> dict[str, Any] | None:
+        """The draft head the settings name (its description and "path"), if one is loaded."""
+        name = self.settings.drafter_head
+        if name is None or name not in self._heads:
+            return None
+        return {**self._heads[name][1], "path": str(resolve_head(name))}
 
     def _drafter_model(self) -> Any:
         if self.pair.drafter is None:
