@@ -153,15 +153,16 @@ class BenchPrompt:
 def default_prompts_path(
     repo_root: Path | None = None, cwd: Path | None = None
 ) -> tuple[Path | None, list[Path]]:
-    """The Spec-Bench file beside the checkout, and every place that was looked at.
+    """The Spec-Bench questions, and every place that was looked at.
 
-    Looks in `<repo>/../shared`, `<repo>/shared`, then the same two relative to
-    the working directory (CI clones the repository with `shared/` beside it).
+    The repository ships them (`benchmarks/spec_bench.jsonl`, see
+    `benchmarks/README.md`); a copy in a `shared/` folder beside the checkout
+    or the working directory is the fallback for an installed package.
     """
     root = repo_root or Path(__file__).resolve().parent.parent
     here = cwd or Path.cwd()
-    candidates: list[Path] = []
-    for base in (root.parent, root, here, here.parent):
+    candidates: list[Path] = [(root / PROMPTS_FILE).resolve()]
+    for base in (root.parent, here, here.parent):
         candidate = (base / "shared" / PROMPTS_FILE).resolve()
         if candidate not in candidates:
             candidates.append(candidate)
@@ -1322,7 +1323,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--prompts",
         metavar="PATH",
         help="Spec-Bench JSONL (question_id, category, turns); default: "
-        f"shared/{PROMPTS_FILE.as_posix()} beside the checkout",
+        f"{PROMPTS_FILE.as_posix()}, shipped with specrepl",
     )
     parser.add_argument("--limit", type=int, metavar="N", help="at most N prompts per category")
     parser.add_argument(

@@ -582,7 +582,12 @@ def build_drafter(
             )
         inner = ModelDrafter(model, use_cache=use_cache, window=options.window)
     if options.kind == "hybrid":
+        # a head's drafts cost next to nothing beside the verification they share with a
+        # lookup step, so lookup must promise as many tokens to be chosen (cost_ratio 1)
         return HybridDrafter(
-            inner, LookupDrafter(options.lookup_max_ngram), min_match=options.min_match
+            inner,
+            LookupDrafter(options.lookup_max_ngram),
+            min_match=options.min_match,
+            cost_ratio=1.0 if options.needs_head else 0.5,
         )
     return inner

@@ -101,15 +101,19 @@ def test_unknown_category_names_the_available_ones(prompts_file: Path) -> None:
         load_prompts(prompts_file.parent / "missing.jsonl")
 
 
-def test_default_prompts_are_found_beside_the_checkout(tmp_path: Path) -> None:
-    repo = tmp_path / "repo"
+def test_default_prompts_ship_with_the_repository(tmp_path: Path) -> None:
+    found, _ = bench.default_prompts_path()
+    assert found == Path(bench.__file__).resolve().parent.parent / "benchmarks" / "spec_bench.jsonl"
+    assert len(load_prompts(found)) == 480
+    repo = tmp_path / "repo"  # an installed package without the file: a shared/ copy beside it
     repo.mkdir()
     found, looked = bench.default_prompts_path(repo, cwd=repo)
     assert found is None
-    assert (tmp_path / "shared" / "benchmarks" / "spec_bench.jsonl").resolve() == looked[0]
-    looked[0].parent.mkdir(parents=True)
-    looked[0].write_text("", encoding="utf-8")
-    assert bench.default_prompts_path(repo, cwd=repo)[0] == looked[0]
+    assert (repo / "benchmarks" / "spec_bench.jsonl").resolve() == looked[0]
+    assert (tmp_path / "shared" / "benchmarks" / "spec_bench.jsonl").resolve() == looked[1]
+    looked[1].parent.mkdir(parents=True)
+    looked[1].write_text("", encoding="utf-8")
+    assert bench.default_prompts_path(repo, cwd=repo)[0] == looked[1]
 
 
 # -- flag values ----------------------------------------------------------------
