@@ -116,6 +116,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--learning-rate", type=float, default=1e-3, metavar="X")
     parser.add_argument(
+        "--batch-sequences",
+        type=int,
+        default=4,
+        metavar="N",
+        help="answers per training step (default 4)",
+    )
+    parser.add_argument(
         "--distill-seed",
         type=int,
         default=0,
@@ -132,6 +139,7 @@ def options_from_args(args: argparse.Namespace, default_work: Path) -> DistillOp
         ("--answer-tokens", args.answer_tokens, 1),
         ("--draft-vocab", args.draft_vocab, 2),
         ("--depth", args.depth, 1),
+        ("--batch-sequences", args.batch_sequences, 1),
     )
     for flag, value, low in checks:
         if value < low:
@@ -144,6 +152,7 @@ def options_from_args(args: argparse.Namespace, default_work: Path) -> DistillOp
         draft_vocab=args.draft_vocab,
         depth=args.depth,
         learning_rate=args.learning_rate,
+        batch_sequences=args.batch_sequences,
         max_minutes=args.minutes,
         max_tokens=args.train_tokens,
         seed=args.distill_seed,

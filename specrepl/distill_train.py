@@ -58,7 +58,7 @@ class TrainSettings:
     decay: float = 0.7
     feature_weight: float = 0.1
     learning_rate: float = 1e-3
-    batch_sequences: int = 8
+    batch_sequences: int = 4
     max_minutes: float = 30.0
     max_tokens: int | None = None
     holdout: float = 0.03
@@ -112,7 +112,9 @@ def choose_draft_vocabulary(
     return torch.tensor(sorted(chosen), dtype=torch.long)
 
 
-def _batch(records: Sequence[dict], dtype: torch.dtype) -> dict[str, torch.Tensor]:
+def _batch(
+    records: Sequence[dict], dtype: torch.dtype, device: torch.device | None = None
+) -> dict[str, torch.Tensor]:
     """Right-padded tensors for a list of records: features (b, n, h), the next
     tokens (b, n), the label features f_{t+1} (b, n, h) and the loss mask (b, n).
     Position t reads (f_t, x_{t+1}) and is scored on x_{t+2}."""
@@ -131,7 +133,8 @@ def _batch(records: Sequence[dict], dtype: torch.dtype) -> dict[str, torch.Tenso
         tokens[row, :length] = record["ids"][1 : length + 1]
         # from the last prompt position on: what drafting after the prompt sees
         mask[row, max(0, record["prompt_length"] - 1) : length] = True
-    return {"features": features, "tokens": tokens, "targets": targets, "mask": mask}
+    batch = {"features": features, "tokens": tokens, "targets": targets, "mask": mask}
+    return {name: value.to(device) for name, value in batch.items()} if device else batch
 
 
 def _losses(
@@ -194,7 +197,9 @@ def evaluate_head(
     was_training = head.training
     head.eval()
     for start in range(0, len(records), settings.batch_sequences):
-        batch = _batch(records[start : start + settings.batch_sequences], dtype)
+        batch = _batch(
+            records[start : start + settings.batch_sequences], dtype, head.token_ids.device
+        )
         _, counts = _losses(head, batch, settings)
         for j, (h, n) in enumerate(counts):
             hits[j] += float(h)
@@ -248,10 +253,9 @@ def train_head(
     optimizer = torch.optim.AdamW(head.parameters(), lr=settings.learning_rate, weight_decay=0.0)
     seconds, tokens, steps, epoch, resumed = 0.0, 0, 0, 0, False
     if checkpoint_path.exists():
-        saved = torch.load(checkpoint_path, weights_only=False)
-        if saved.get("settings") == settings.as_dict() and torch.equal(
-            saved["token_ids"], token_ids
-        ):
+        saved = torch.load(checkpoint_path, weights_only=False, map_location="cpu")
+        same_vocabulary = torch.equal(saved["token_ids"].cpu(), token_ids.cpu())
+        if saved.get("settings") == settings.as_dict() and same_vocabulary:
             head.load_state_dict(saved["head"])
             optimizer.load_state_dict(saved["optimizer"])
             seconds, tokens, steps, epoch = (
@@ -295,7 +299,7 @@ def train_head(
                 if used() >= 1.0:
                     break
                 began = time.perf_counter()
-                batch = _batch([training[i] for i in group], dtype)
+                batch = _batch([training[i] for i in group], dtype, head.token_ids.device)
                 for parameters in optimizer.param_groups:
                     parameters["lr"] = _learning_rate(settings, used())
                 loss, _ = _losses(head, batch, settings)

@@ -250,11 +250,15 @@ class DraftHead(nn.Module):
         config = HeadConfig.for_target(target, int(token_ids.shape[0]), layers)
         embedding = target.get_input_embeddings().weight
         output = target.get_output_embeddings().weight
-        head = cls(config, embedding.float(), output[token_ids].float(), token_ids)
+        device = embedding.device
+        token_ids = token_ids.to(device)
+        head = cls(config, embedding.float(), output[token_ids].float(), token_ids).to(device)
         with torch.no_grad():
             nn.init.normal_(head.fc.weight, std=0.02)
             hidden = config.hidden_size
-            head.fc.weight[:, hidden:] += torch.eye(hidden)  # start by passing the feature on
+            head.fc.weight[:, hidden:] += torch.eye(
+                hidden, device=device
+            )  # start by passing the feature on
             last = _last_decoder_layer(target)
             if last is not None:
                 own = head.layers[0].state_dict()
