@@ -7,7 +7,8 @@ The public API keeps the names users of the original research code know:
 
 from __future__ import annotations
 
-from .drafters import Drafter, ModelDrafter
+from .draft_head import DraftHead, load_head, resolve_head
+from .drafters import Drafter, HeadDrafter, ModelDrafter
 from .generation import (
     ContextTooLongError,
     GenerationInterrupted,
@@ -33,10 +34,12 @@ __version__ = "0.1.0"
 
 __all__ = [
     "ContextTooLongError",
+    "DraftHead",
     "Drafter",
     "GenerationInterrupted",
     "GenerationResult",
     "GreedyProcessor",
+    "HeadDrafter",
     "LogitsProcessor",
     "ModelDrafter",
     "ModelPair",
@@ -47,8 +50,10 @@ __all__ = [
     "TopKNucleusProcessor",
     "TopKProcessor",
     "autoregressive_generate",
+    "load_head",
     "load_pair",
     "make_processor",
+    "resolve_head",
     "speculative_generate",
     "stream_autoregressive",
     "stream_speculative",

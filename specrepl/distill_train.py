@@ -178,11 +178,12 @@ def _losses(
     return total / weight_sum, hits
 
 
-def _batches(records: Sequence[dict], size: int, rng: random.Random) -> list[list[int]]:
-    """Indices grouped by length (little padding), in a shuffled order."""
+def _batches(records: Sequence[dict], size: int, seed: int, epoch: int) -> list[list[int]]:
+    """Indices grouped by length (little padding), in an order shuffled by
+    (seed, epoch): a resumed run finds the same order again."""
     order = sorted(range(len(records)), key=lambda i: int(records[i]["features"].shape[0]))
     groups = [order[i : i + size] for i in range(0, len(order), size)]
-    rng.shuffle(groups)
+    random.Random(seed * 100_003 + epoch).shuffle(groups)
     return groups
 
 
@@ -251,20 +252,15 @@ def train_head(
     token_ids = choose_draft_vocabulary(training, settings.draft_vocab, end_tokens, vocab_size)
     head = DraftHead.for_target(target, token_ids).float().train()
     optimizer = torch.optim.AdamW(head.parameters(), lr=settings.learning_rate, weight_decay=0.0)
-    seconds, tokens, steps, epoch, resumed = 0.0, 0, 0, 0, False
+    seconds, tokens, steps, epoch, done_in_epoch, resumed = 0.0, 0, 0, 0, 0, False
     if checkpoint_path.exists():
-        saved = torch.load(checkpoint_path, weights_only=False, map_location="cpu")
+        saved = torch.load(checkpoint_path, weights_only=True, map_location="cpu")
         same_vocabulary = torch.equal(saved["token_ids"].cpu(), token_ids.cpu())
         if saved.get("settings") == settings.as_dict() and same_vocabulary:
             head.load_state_dict(saved["head"])
             optimizer.load_state_dict(saved["optimizer"])
-            seconds, tokens, steps, epoch = (
-                saved["seconds"],
-                saved["tokens"],
-                saved["steps"],
-                saved["epoch"],
-            )
-            rng.setstate(saved["rng"])
+            seconds, tokens, steps = saved["seconds"], saved["tokens"], saved["steps"]
+            epoch, done_in_epoch = saved["epoch"], saved["done_in_epoch"]
             resumed = True
     budget = settings.max_minutes * 60.0
     dtype = torch.float32
@@ -287,7 +283,7 @@ def train_head(
                 "tokens": tokens,
                 "steps": steps,
                 "epoch": epoch,
-                "rng": rng.getstate(),
+                "done_in_epoch": done_in_epoch,
             },
         )
 
@@ -295,7 +291,8 @@ def train_head(
     agreement: tuple[float, ...] = ()
     try:
         while used() < 1.0:
-            for group in _batches(training, settings.batch_sequences, rng):
+            groups = _batches(training, settings.batch_sequences, settings.seed, epoch)
+            for group in groups[done_in_epoch:]:
                 if used() >= 1.0:
                     break
                 began = time.perf_counter()
@@ -310,6 +307,7 @@ def train_head(
                 seconds += time.perf_counter() - began
                 tokens += int(batch["mask"].sum())
                 steps += 1
+                done_in_epoch += 1
                 measured = None
                 if steps % evaluate_every == 0:
                     measured = agreement = evaluate_head(head, held_back, settings, dtype)
@@ -319,7 +317,7 @@ def train_head(
                     checkpoint()
                     last_checkpoint = time.perf_counter()
             else:
-                epoch += 1
+                epoch, done_in_epoch = epoch + 1, 0
     except KeyboardInterrupt:
         checkpoint()
         raise
