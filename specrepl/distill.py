@@ -110,17 +110,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--depth",
         type=int,
-        default=3,
+        default=2,
         metavar="N",
-        help="draft positions unrolled in training (default 3)",
+        help="draft positions unrolled in training (default 2)",
     )
     parser.add_argument("--learning-rate", type=float, default=1e-3, metavar="X")
     parser.add_argument(
         "--batch-sequences",
         type=int,
-        default=4,
+        default=1,
         metavar="N",
-        help="answers per training step (default 4)",
+        help="answers per training step (default 1: more steps in the same time)",
     )
     parser.add_argument(
         "--distill-seed",

@@ -54,16 +54,17 @@ class TrainSettings:
     """How a head is trained; everything that changes the result is here."""
 
     draft_vocab: int = 8192
-    depth: int = 3
+    depth: int = 2
     decay: float = 0.7
     feature_weight: float = 0.1
     learning_rate: float = 1e-3
-    batch_sequences: int = 4
+    batch_sequences: int = 1
     max_minutes: float = 30.0
     max_tokens: int | None = None
     holdout: float = 0.03
     seed: int = 0
     checkpoint_seconds: float = 120.0
+    copy_last_layer: bool = False
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -250,7 +251,10 @@ def train_head(
     held_back = [records[i] for i in indices[:held]]
     training = [records[i] for i in indices[held:]]
     token_ids = choose_draft_vocabulary(training, settings.draft_vocab, end_tokens, vocab_size)
-    head = DraftHead.for_target(target, token_ids).float().train()
+    head = DraftHead.for_target(
+        target, token_ids, copy_last_layer=settings.copy_last_layer
+    ).float()
+    head.train()
     optimizer = torch.optim.AdamW(head.parameters(), lr=settings.learning_rate, weight_decay=0.0)
     seconds, tokens, steps, epoch, done_in_epoch, resumed = 0.0, 0, 0, 0, 0, False
     if checkpoint_path.exists():
