@@ -42,8 +42,8 @@ class DistillOptions:
 
     work: Path
     output: Path
-    prompts: int = 2500
-    data_tokens: int = 450_000
+    prompts: int = 3500
+    data_tokens: int = 500_000
     max_new_tokens: int = 256
     writer_dtype: str = "auto"
     seed: int = 0
@@ -69,16 +69,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--prompts",
         type=int,
-        default=2500,
+        default=3500,
         metavar="N",
-        help="prompts the target writes (default 2500)",
+        help="prompts the target writes (default 3500)",
     )
     parser.add_argument(
         "--data-tokens",
         type=int,
-        default=450_000,
+        default=500_000,
         metavar="N",
-        help="answer tokens to generate at most (default 450000)",
+        help="answer tokens to generate at most (default 500000)",
     )
     parser.add_argument(
         "--answer-tokens", type=int, default=256, metavar="N", help="longest answer (default 256)"
@@ -91,7 +91,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "faster one, timed here; features always come from the target)",
     )
     parser.add_argument(
-        "--minutes", type=float, default=30.0, metavar="M", help="training time budget (default 30)"
+        "--minutes", type=float, default=25.0, metavar="M", help="training time budget (default 25)"
     )
     parser.add_argument(
         "--train-tokens",

@@ -59,7 +59,7 @@ class TrainSettings:
     feature_weight: float = 0.1
     learning_rate: float = 1e-3
     batch_sequences: int = 1
-    max_minutes: float = 30.0
+    max_minutes: float = 25.0
     max_tokens: int | None = None
     holdout: float = 0.03
     seed: int = 0
