@@ -557,6 +557,9 @@ class MethodRun:
             "drafts_per_step": (
                 [event.gamma for event in self.events] if self.drafted is not None else None
             ),
+            "accepted_per_step": (
+                [event.accepted for event in self.events] if self.drafted is not None else None
+            ),
             "fallback_steps": self.fallback_steps,
             "empty_draft_steps": self.empty_draft_steps,
             "requested_gamma_per_step": (

@@ -278,10 +278,6 @@ class DraftHead(nn.Module):
                 head.norm.weight.copy_(final_norm.float())
         return head
 
-    def trained_state(self) -> dict[str, torch.Tensor]:
-        """What a head directory stores: the trained weights only."""
-        return {name: value for name, value in self.state_dict().items()}
-
     def step(
         self,
         features: torch.Tensor,
@@ -410,7 +406,7 @@ def save_head(head: DraftHead, directory: Path, description: dict[str, Any]) -> 
     directory.mkdir(parents=True, exist_ok=True)
     tensors = {
         name: value.detach().to(torch.bfloat16).contiguous()
-        for name, value in head.trained_state().items()
+        for name, value in head.state_dict().items()
     }
     tensors["token_ids"] = head.token_ids.to(torch.int32).contiguous()
     full = {"format": HEAD_FORMAT, "config": asdict(head.config), **description}
