@@ -440,6 +440,7 @@ class MethodRun:
     first_mismatch: int | None = None
     speedup_vs_target: float | None = None
     speedup_vs_hf: float | None = None
+    draft_cost_vs_target: float | None = None
     prediction: Prediction | None = None
     events: list[StepEvent] = field(default_factory=list, repr=False)
 
@@ -500,6 +501,31 @@ class MethodRun:
         return sum(1 for event in self.events if event.requested_gamma > 0 and event.gamma == 0)
 
     @property
+    def first_drafts(self) -> tuple[int, int] | None:
+        """(steps whose first draft was accepted, steps with at least one draft)."""
+        if self.drafted is None:
+            return None
+        drafted = [event for event in self.events if event.gamma > 0]
+        return sum(1 for event in drafted if event.accepted > 0), len(drafted)
+
+    @property
+    def seconds_per_draft(self) -> float | None:
+        """Drafter seconds per drafted token after the first step (which also
+        reads the prompt), pooled over the run."""
+        later = [event for event in self.events[1:] if event.gamma > 0]
+        drafted = sum(event.gamma for event in later)
+        if self.drafted is None or not drafted:
+            return None
+        return sum(event.draft_seconds for event in later) / drafted
+
+    @property
+    def target_step_seconds(self) -> float | None:
+        """Median seconds of the target's forward passes after the first step
+        (for target-only decoding: the cost of one token)."""
+        later = [event.target_seconds for event in self.events[1:]]
+        return statistics.median(later) if later else None
+
+    @property
     def measured_over_predicted(self) -> float | None:
         if self.prediction is None or self.speedup_vs_target is None:
             return None
@@ -554,6 +580,11 @@ class MethodRun:
             "decode_tokens_per_second": self.decode_tokens_per_second,
             "prediction": None if self.prediction is None else asdict(self.prediction),
             "measured_over_predicted": self.measured_over_predicted,
+            "first_drafts_accepted": None if self.first_drafts is None else self.first_drafts[0],
+            "first_drafts": None if self.first_drafts is None else self.first_drafts[1],
+            "seconds_per_draft": self.seconds_per_draft,
+            "target_step_seconds": self.target_step_seconds,
+            "draft_cost_vs_target": self.draft_cost_vs_target,
             "drafts_per_step": (
                 [event.gamma for event in self.events] if self.drafted is not None else None
             ),
@@ -1019,6 +1050,7 @@ class Benchmark:
                 run.speedup_vs_hf = _ratio(run.tokens_per_second, hf.tokens_per_second)
             if run.drafted is not None:
                 run.prediction = predict_from_steps(run.events, target.events)
+                run.draft_cost_vs_target = _ratio(run.seconds_per_draft, target.target_step_seconds)
 
     def run(
         self, prompts: Sequence[BenchPrompt], on_progress: ProgressCallback | None = None
@@ -1076,6 +1108,11 @@ class MethodSummary:
     """Pooled share of steps where the policy chose the target alone."""
     empty_draft_share: float | None = None
     """Pooled share of steps where the drafter had nothing to propose."""
+    first_draft_acceptance: float | None = None
+    """Pooled share of drafting steps whose first draft was accepted."""
+    draft_cost_vs_target: float | None = None
+    """Median over prompts of (drafter seconds per drafted token) / (seconds of
+    one target-only forward pass)."""
 
 
 def _median(values: Iterable[float | None]) -> float | None:
@@ -1098,6 +1135,9 @@ def _summary(method: str, runs: list[MethodRun]) -> MethodSummary:
         return sum(part(run) or 0.0 for run in timed) / seconds
 
     compared = [run for run in runs if run.identical is not None]
+    firsts = [run.first_drafts for run in runs if run.first_drafts is not None]
+    first_taken = sum(taken for taken, _ in firsts)
+    first_tried = sum(tried for _, tried in firsts)
     return MethodSummary(
         method=method,
         prompts=len(runs),
@@ -1126,6 +1166,8 @@ def _summary(method: str, runs: list[MethodRun]) -> MethodSummary:
             if speculative and steps
             else None
         ),
+        first_draft_acceptance=first_taken / first_tried if first_tried else None,
+        draft_cost_vs_target=_median(run.draft_cost_vs_target for run in runs),
     )
 
 

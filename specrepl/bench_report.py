@@ -4,9 +4,11 @@
 and one overall (median tokens/s, speedups over specrepl target-only and over
 transformers plain `generate()`, identical outputs, acceptance, tokens per
 target step, predicted speedup and measured/predicted), where the time of the
-specrepl runs goes, the gamma sweep, and every greedy output that differs from
-target-only. `write_chart` draws a PNG: speedup per category per method, and
-speedup against gamma for a sweep.
+specrepl runs goes (with the share of first drafts accepted and the drafter's
+seconds per drafted token over one target-only forward pass), the gamma
+sweep, and every greedy output that differs from target-only. `write_chart`
+draws a PNG: speedup per category per method, and speedup against gamma for a
+sweep.
 
 The chart needs matplotlib, imported only when a chart is drawn: everything
 else works without it, and `chart_unavailable` says how to install it.
@@ -118,11 +120,21 @@ def _acceptance_cells(summary: MethodSummary) -> list[str]:
 
 def _time_split_table(report: BenchReport) -> Table:
     table = Table(
-        title="where the time of specrepl runs goes (overall, pooled)",
+        title="where the time of specrepl runs goes, and what one draft costs (overall)",
         box=box.SIMPLE_HEAD,
         title_justify="left",
     )
-    for name in ("method", "drafter", "target", "other", "γ0 steps", "no-draft steps"):
+    names = (
+        "method",
+        "drafter",
+        "target",
+        "other",
+        "γ0 steps",
+        "no-draft steps",
+        "1st draft",
+        "draft ÷ target",
+    )
+    for name in names:
         table.add_column(name, justify="left" if name == "method" else "right")
     overall = report.summary[OVERALL]
     for method in report.methods:
@@ -136,6 +148,8 @@ def _time_split_table(report: BenchReport) -> Table:
             _percent(summary.other_share),
             _percent(summary.fallback_share),
             _percent(summary.empty_draft_share),
+            _percent(summary.first_draft_acceptance),
+            _number(summary.draft_cost_vs_target, 3),
         )
     return table
 

@@ -19,6 +19,9 @@ from specrepl.bench import (
     BenchPrompt,
     BenchReport,
     GammaSpec,
+    Method,
+    MethodRun,
+    PromptRecord,
     load_prompts,
     parse_gamma,
     parse_sweep,
@@ -179,6 +182,55 @@ def test_prediction_from_steps_uses_the_same_runs_costs() -> None:
     assert predict_from_steps(speculative[:1], target) is None
 
 
+def _record(category: str, runs: dict[str, MethodRun]) -> PromptRecord:
+    return PromptRecord(BenchPrompt(1, category, "x"), 3, 9, list(runs), runs)
+
+
+def _method(name: str) -> Method:
+    return Method(name, name, "specrepl", speculative=name != "target")
+
+
+def test_first_draft_acceptance_and_draft_cost_per_target_step() -> None:
+    target_steps = [_step(0, 0, 0.0, 0.9), *(_step(0, 0, 0.0, 0.1) for _ in range(4))]
+    # the first step also reads the prompt: its drafting time is left out of the cost
+    steps = [
+        _step(4, 0, 1.0, 0.9),
+        _step(4, 4, 0.02, 0.12),
+        _step(2, 0, 0.01, 0.11),
+        _step(0, 0, 0.0, 0.1),  # gamma 0: no first draft to count
+        _step(3, 1, 0.015, 0.11),
+    ]
+    target = MethodRun("target", [1] * 5, 1.3, steps=5, events=target_steps)
+    speculative = MethodRun(
+        "speculative", [1] * 9, 1.0, steps=5, drafted=13, accepted=5, events=steps
+    )
+    assert speculative.first_drafts == (2, 4)
+    assert speculative.seconds_per_draft == pytest.approx(0.045 / 9)
+    assert target.target_step_seconds == pytest.approx(0.1)
+    assert target.first_drafts is None
+    speculative.draft_cost_vs_target = 0.045 / 9 / 0.1
+    other = MethodRun(
+        "speculative",
+        [1] * 3,
+        1.0,
+        steps=2,
+        drafted=2,
+        accepted=2,
+        events=[_step(1, 1, 0.5, 0.9), _step(1, 1, 0.01, 0.1)],
+    )
+    other.draft_cost_vs_target = 0.1
+    summary = summarize(
+        [
+            _record("a", {"target": target, "speculative": speculative}),
+            _record("a", {"target": target, "speculative": other}),
+        ],
+        [_method("target"), _method("speculative")],
+    )["overall"]
+    assert summary["speculative"].first_draft_acceptance == pytest.approx(4 / 6)
+    assert summary["speculative"].draft_cost_vs_target == pytest.approx((0.05 + 0.1) / 2)
+    assert summary["target"].first_draft_acceptance is None
+
+
 # -- running methods on tiny models ----------------------------------------------
 
 
@@ -249,6 +301,13 @@ def test_benchmark_greedy_with_peers_and_sweep(pair: ModelPair, prompts_file: Pa
     first = payload["prompts"][0]
     assert first["category"] == "writing" and first["question_id"] == 1
     assert first["methods"]["speculative"]["identical_to_target"] is True
+    assert (
+        1
+        <= first["methods"]["speculative"]["first_drafts"]
+        <= first["methods"]["speculative"]["steps"]
+    )
+    assert first["methods"]["speculative"]["draft_cost_vs_target"] > 0
+    assert first["methods"]["target"]["first_drafts"] is None
     assert (
         first["methods"]["hf_assisted_matched"]["new_tokens"]
         == first["methods"]["target"]["new_tokens"]
