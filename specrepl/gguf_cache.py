@@ -12,6 +12,14 @@ temporary directory and renamed into place, so an interrupted conversion never
 leaves a half-written copy behind and two processes converting at once both end
 with one good copy.
 
+A copy heals itself: its marker file lists every file it wrote with its size
+and a checksum of its first and last MiB (and the specrepl and torch versions
+that wrote it). Each load checks the list, and that every safetensors header
+covers its file exactly; a copy that fails (a file cut short, zero-filled,
+deleted, a marker that is not JSON) is converted again with one line saying
+what was wrong. `discard` removes a copy that passed the check but still
+failed to load.
+
 This module knows nothing about devices, dtypes or quantization (the caller
 loads the copy as it likes) and never prints: it reports through `progress`,
 mutes the de-quantization bar, and leaves transformers' other progress bars and
@@ -34,10 +42,20 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["CACHE_FORMAT", "ConvertedGguf", "cache_root", "converted_copy", "fingerprint"]
+__all__ = [
+    "CACHE_FORMAT",
+    "ConvertedGguf",
+    "cache_root",
+    "check_copy",
+    "converted_copy",
+    "discard",
+    "fingerprint",
+]
 
 CACHE_FORMAT = 1
+MARKER_FORMAT = 2  # 2: the marker lists the files (1 had no list)
 MARKER = "specrepl-gguf.json"
+CHECK_BYTES = 1024 * 1024
 SAMPLE_BYTES = 8 * 1024 * 1024
 STALE_PARTIAL_SECONDS = 24 * 3600
 _PARTIAL_PREFIX = ".partial-"
@@ -91,11 +109,14 @@ def converted_copy(
     gguf_path = Path(gguf_path).expanduser().resolve()
     root = cache_root() / "gguf"
     directory = root / f"{gguf_path.stem}-{fingerprint(gguf_path)[:20]}"
-    if (directory / MARKER).is_file():
-        return ConvertedGguf(directory, True, time.perf_counter() - start)
-    if directory.exists():
-        shutil.rmtree(directory, ignore_errors=True)
-    if progress is not None:
+    if (directory / MARKER).is_file() or directory.exists():
+        problem = check_copy(directory)
+        if problem is None:
+            return ConvertedGguf(directory, True, time.perf_counter() - start)
+        if progress is not None:
+            progress(f"the converted copy {directory} is damaged ({problem}): converting again…")
+        discard(directory)
+    elif progress is not None:
         progress(f"converting GGUF {gguf_path.name} (first time only, ~20 s)…")
     root.mkdir(parents=True, exist_ok=True)
     _remove_stale_partials(root)
@@ -134,8 +155,111 @@ def _convert(gguf_path: Path, out: Path) -> None:
     plain.generation_config = loaded.generation_config
     plain.save_pretrained(out)
     tokenizer.save_pretrained(out)
-    marker = {"format": CACHE_FORMAT, "source": str(gguf_path), "size": gguf_path.stat().st_size}
-    (out / MARKER).write_text(json.dumps(marker, indent=2) + "\n", encoding="utf-8")
+    _write_marker(out, {"source": str(gguf_path), "size": gguf_path.stat().st_size})
+
+
+def _write_marker(directory: Path, about: dict[str, object]) -> None:
+    """List every file of `directory` (size and sampled checksum) in its marker."""
+    from . import __version__
+
+    files = {
+        entry.name: {"size": entry.stat().st_size, "sample": _sample_digest(entry)}
+        for entry in sorted(directory.iterdir())
+        if entry.is_file() and entry.name != MARKER
+    }
+    marker = {
+        **about,
+        "format": CACHE_FORMAT,
+        "marker_format": MARKER_FORMAT,
+        "files": files,
+        "written_by": {"specrepl": __version__, "torch": torch.__version__},
+    }
+    temporary = directory / f".{MARKER}.tmp"
+    temporary.write_text(json.dumps(marker, indent=2) + "\n", encoding="utf-8")
+    os.replace(temporary, directory / MARKER)
+
+
+def _sample_digest(path: Path) -> str:
+    """sha256 of a file's size, first MiB and last MiB: cheap, and it changes when
+    a file is cut short, extended, or zero-filled at either end."""
+    size = path.stat().st_size
+    digest = hashlib.sha256(f"{size}:".encode())
+    with path.open("rb") as file:
+        digest.update(file.read(CHECK_BYTES))
+        if size > CHECK_BYTES:
+            file.seek(max(CHECK_BYTES, size - CHECK_BYTES))
+            digest.update(file.read(CHECK_BYTES))
+    return digest.hexdigest()
+
+
+def _safetensors_problem(path: Path) -> str | None:
+    """Why a safetensors file's header does not describe the file exactly, if it does not."""
+    size = path.stat().st_size
+    try:
+        with path.open("rb") as file:
+            length = int.from_bytes(file.read(8), "little")
+            if length <= 0 or 8 + length > size:
+                return f"{path.name} has no readable header"
+            header = json.loads(file.read(length))
+        ends = [
+            int(entry["data_offsets"][1])
+            for name, entry in header.items()
+            if name != "__metadata__"
+        ]
+    except (OSError, ValueError, TypeError, KeyError, IndexError, AttributeError):
+        return f"{path.name} has no readable header"
+    expected = 8 + length + max(ends, default=0)
+    if expected != size:
+        return f"{path.name} is {size} bytes, its header describes {expected}"
+    return None
+
+
+def check_copy(directory: Path) -> str | None:
+    """What is wrong with a converted copy, in a few words, or None if it looks whole.
+
+    A marker from before files were listed (marker format 1) is checked by its
+    safetensors headers alone and, when they are whole, given a list."""
+    try:
+        marker = json.loads((directory / MARKER).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return "its marker file is missing"
+    except (OSError, ValueError):
+        return "its marker file is not readable JSON"
+    if not isinstance(marker, dict) or marker.get("format") != CACHE_FORMAT:
+        return "its marker file is not one this version writes"
+    listed = marker.get("files")
+    for weights in sorted(directory.glob("*.safetensors")):
+        problem = _safetensors_problem(weights)
+        if problem is not None:
+            return problem
+    if listed is None:  # an older marker: whole by the headers, so list the files now
+        if not any(directory.glob("*.safetensors")):
+            return "it has no weights file"
+        with contextlib.suppress(OSError):
+            _write_marker(directory, {k: v for k, v in marker.items() if k != "format"})
+        return None
+    if not isinstance(listed, dict) or not listed:
+        return "its marker lists no files"
+    for name, expected in listed.items():
+        path = directory / name
+        try:
+            size = path.stat().st_size
+            if not isinstance(expected, dict) or size != expected.get("size"):
+                return f"{name} is {size} bytes, {expected.get('size')} were written"
+            if _sample_digest(path) != expected.get("sample"):
+                return f"{name} is not what was written"
+        except FileNotFoundError:
+            return f"{name} is missing"
+        except (OSError, AttributeError):
+            return f"{name} cannot be read"
+    return None
+
+
+def discard(directory: Path) -> None:
+    """Remove a converted copy (the next load converts again)."""
+    with contextlib.suppress(FileNotFoundError):
+        (directory / MARKER).unlink()  # first: a half-removed copy is never taken as whole
+    shutil.rmtree(directory, ignore_errors=True)
 
 
 @contextlib.contextmanager

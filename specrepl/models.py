@@ -439,19 +439,28 @@ class _Loader:
                 "offline": " from the local cache (hub unreachable)",
             }.get("offline" if offline else source.kind, "")
             self.progress(f"loading {role} {spec.source} ({details}){where}…")
-            if tokenizer_from is not None and tokenizer_from[0] == source:
-                tokenizer: PreTrainedTokenizerBase | None = tokenizer_from[1]
-            else:
-                tokenizer = self._tokenizer(spec, source, role, files, offline)
-            model = self._call(
-                spec,
-                source,
-                role,
-                AutoModelForCausalLM.from_pretrained,
-                files,
-                offline,
-                **self._model_options(spec, dtype),
-            )
+            try:
+                tokenizer, model = self._tokenizer_and_model(
+                    spec, source, role, files, offline, dtype, tokenizer_from
+                )
+            except ModelLoadError as exc:
+                if not from_cache or source.gguf is None:
+                    raise
+                # The converted copy passed its check but does not load: convert again, once.
+                self.progress(
+                    f"the converted copy {files} does not load ({exc}): converting again…"
+                )
+                gguf_cache.discard(Path(files))
+                files, from_cache, offline = self._files(source)
+                try:
+                    tokenizer, model = self._tokenizer_and_model(
+                        spec, source, role, files, offline, dtype, tokenizer_from
+                    )
+                except ModelLoadError as again:
+                    raise ModelLoadError(
+                        f"{again}; the converted copy of {source.gguf} is at {files} and "
+                        f"`rm -rf {files}` clears it"
+                    ) from again
         loaded = LoadedModel.wrap(
             model,
             name=spec.source,
@@ -460,6 +469,31 @@ class _Loader:
             from_cache=from_cache,
         )
         return loaded, tokenizer, source
+
+    def _tokenizer_and_model(
+        self,
+        spec: ModelSpec,
+        source: _Source,
+        role: str,
+        files: str,
+        offline: bool,
+        dtype: torch.dtype,
+        tokenizer_from: tuple[_Source, PreTrainedTokenizerBase] | None,
+    ) -> tuple[PreTrainedTokenizerBase | None, Any]:
+        if tokenizer_from is not None and tokenizer_from[0] == source:
+            tokenizer: PreTrainedTokenizerBase | None = tokenizer_from[1]
+        else:
+            tokenizer = self._tokenizer(spec, source, role, files, offline)
+        model = self._call(
+            spec,
+            source,
+            role,
+            AutoModelForCausalLM.from_pretrained,
+            files,
+            offline,
+            **self._model_options(spec, dtype),
+        )
+        return tokenizer, model
 
     def _files(self, source: _Source) -> tuple[str, bool, bool]:
         """What to pass to from_pretrained, whether it is a cached GGUF copy, and offline."""

@@ -412,7 +412,7 @@ def test_interrupted_conversion_leaves_no_copy(
     assert list((tmp_path / "cache" / "gguf").iterdir()) == []
 
     def finished(gguf_path: Path, out: Path) -> None:
-        (out / gguf_cache.MARKER).write_text("{}")
+        _fake_conversion(out)
 
     monkeypatch.setattr(gguf_cache, "_convert", finished)
     told: list[str] = []
@@ -420,6 +420,131 @@ def test_interrupted_conversion_leaves_no_copy(
     again = gguf_cache.converted_copy(source, progress=told.append)
     assert not first.from_cache and again.from_cache
     assert first.directory == again.directory and len(told) == 1
+
+
+def _fake_conversion(out: Path) -> None:
+    """What a conversion leaves: weights, a config, and a marker listing them."""
+    from safetensors.torch import save_file
+
+    save_file({"weight": torch.arange(300, dtype=torch.float32)}, str(out / "model.safetensors"))
+    (out / "config.json").write_text('{"model_type": "llama"}', encoding="utf-8")
+    gguf_cache._write_marker(out, {"source": "model.gguf", "size": 104})
+
+
+def _zero_tail(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[-16:] = bytes(16)
+    path.write_bytes(bytes(data))
+
+
+def _old_marker(directory: Path) -> None:
+    (directory / gguf_cache.MARKER).write_text('{"format": 1, "source": "model.gguf"}')
+
+
+@pytest.mark.parametrize(
+    ("damage", "said"),
+    [
+        (lambda d: (d / "model.safetensors").write_bytes(b"\x00" * 64), "no readable header"),
+        (
+            lambda d: (d / "model.safetensors").write_bytes(
+                (d / "model.safetensors").read_bytes()[:-100]
+            ),
+            "its header describes",
+        ),
+        (lambda d: _zero_tail(d / "model.safetensors"), "is not what was written"),
+        (lambda d: (d / "config.json").write_text("{}"), "config.json is 2 bytes"),
+        (lambda d: (d / "config.json").unlink(), "config.json is missing"),
+        (lambda d: (d / gguf_cache.MARKER).write_text("{not json"), "not readable JSON"),
+        (lambda d: (d / gguf_cache.MARKER).unlink(), "marker file is missing"),
+    ],
+    ids=[
+        "zero-filled",
+        "truncated",
+        "tail-zeroed",
+        "rewritten",
+        "deleted",
+        "bad-marker",
+        "no-marker",
+    ],
+)
+def test_a_damaged_copy_is_converted_again_with_a_notice(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, damage, said: str
+) -> None:
+    monkeypatch.setenv("SPECREPL_CACHE_DIR", str(tmp_path / "cache"))
+    source = tmp_path / "model.gguf"
+    source.write_bytes(b"GGUF" + bytes(100))
+    conversions: list[Path] = []
+
+    def convert(gguf_path: Path, out: Path) -> None:
+        conversions.append(out)
+        _fake_conversion(out)
+
+    monkeypatch.setattr(gguf_cache, "_convert", convert)
+    first = gguf_cache.converted_copy(source)
+    assert gguf_cache.check_copy(first.directory) is None
+    damage(first.directory)
+    told: list[str] = []
+    again = gguf_cache.converted_copy(source, progress=told.append)
+    assert not again.from_cache and len(conversions) == 2
+    assert len(told) == 1 and "is damaged" in told[0] and said in told[0], told
+    assert str(first.directory) in told[0]
+    assert gguf_cache.check_copy(again.directory) is None
+    assert gguf_cache.converted_copy(source).from_cache  # whole again: no third conversion
+
+
+def test_a_copy_from_before_the_file_list_is_checked_and_listed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SPECREPL_CACHE_DIR", str(tmp_path / "cache"))
+    source = tmp_path / "model.gguf"
+    source.write_bytes(b"GGUF" + bytes(100))
+    monkeypatch.setattr(gguf_cache, "_convert", lambda gguf_path, out: _fake_conversion(out))
+    directory = gguf_cache.converted_copy(source).directory
+    _old_marker(directory)
+    assert gguf_cache.converted_copy(source).from_cache  # whole by its header: kept
+    marker = json.loads((directory / gguf_cache.MARKER).read_text())
+    assert set(marker["files"]) == {"config.json", "model.safetensors"}
+    _old_marker(directory)
+    (directory / "model.safetensors").write_bytes(b"cut")
+    assert not gguf_cache.converted_copy(source).from_cache  # cut short: converted again
+
+
+@pytest.mark.embedded
+def test_a_damaged_embedded_copy_is_rebuilt_and_answers_as_before(
+    embedded_pair: ModelPair, embedded_cache_dir: str, tmp_path: Path, monkeypatch
+) -> None:
+    import shutil
+
+    from specrepl.generation import autoregressive_generate
+
+    cache = tmp_path / "cache"
+    shutil.copytree(Path(embedded_cache_dir) / "gguf", cache / "gguf")
+    monkeypatch.setenv("SPECREPL_CACHE_DIR", str(cache))
+    (copy,) = (cache / "gguf").glob("SmolLM2-135M-Instruct.Q4_1-*")
+    ids = embedded_pair.tokenizer("The capital of France is").input_ids
+    expected = autoregressive_generate(ids, embedded_pair.target.model, max_gen_len=12)
+
+    def answer(pair: ModelPair) -> list[int]:
+        return autoregressive_generate(ids, pair.target.model, max_gen_len=12).token_ids
+
+    # cut short, as by a full disk or a killed copy: the check sees it
+    with (copy / "model.safetensors").open("r+b") as weights:
+        weights.truncate(100 * 2**20)
+    told: list[str] = []
+    healed = load_pair("embedded", progress=told.append)
+    assert any("is damaged" in line and "model.safetensors" in line for line in told), told
+    assert answer(healed) == expected.token_ids
+    del healed
+
+    # whole by the check but not loadable: the load fails once and converts again
+    (copy / "config.json").write_text('{"model_type": "no-such-architecture"}', encoding="utf-8")
+    marker = json.loads((copy / gguf_cache.MARKER).read_text(encoding="utf-8"))
+    gguf_cache._write_marker(copy, {k: marker[k] for k in ("source", "size")})
+    told.clear()
+    healed = load_pair("embedded", progress=told.append)
+    assert any("does not load" in line for line in told), told
+    assert answer(healed) == expected.token_ids
+    assert gguf_cache.check_copy(copy) is None
 
 
 # -- the embedded pair --------------------------------------------------------------------
