@@ -10,6 +10,13 @@ keeps the logits of the real positions and crops the padding out of the cache
 again. Causal attention means the padding cannot change the real positions'
 logits (beyond the rounding any change of kernel brings).
 
+Stored plans (`tune_pair_widths(store=...)`) are keyed by the model as
+loaded, the CPU, the thread count and the torch version, so another machine or
+an upgrade measures again; a plan is also measured again once it is older than
+`MAX_PLAN_AGE_DAYS`, or on request (`retime=True`), and a measurement whose
+repeats disagree by more than `NOISY_SPREAD` (the machine was busy) is used for
+the session but not stored, so it cannot slow every later start down.
+
 This module times models and keeps their plans; it knows nothing about
 drafting or acceptance.
 """
@@ -31,6 +38,8 @@ from transformers import PreTrainedModel
 from .kv_cache import new_cache, rollback_to
 
 __all__ = [
+    "MAX_PLAN_AGE_DAYS",
+    "NOISY_SPREAD",
     "WidthPlan",
     "clear_width_plan",
     "cpu_model",
@@ -42,6 +51,10 @@ __all__ = [
     "tune_widths",
     "width_plan",
 ]
+
+
+MAX_PLAN_AGE_DAYS = 30
+NOISY_SPREAD = 0.25  # (second largest - second smallest) / median of one width's repeats
 
 
 @dataclass(frozen=True)
@@ -81,7 +94,6 @@ def padded_width(model: PreTrainedModel, width: int) -> int:
     return plan.padded.get(width, width)
 
 
-@torch.no_grad()
 def measure_widths(
     model: PreTrainedModel,
     max_width: int,
@@ -93,6 +105,32 @@ def measure_widths(
     """Median seconds of one cached forward pass feeding 1..max_width tokens
     after `context` cached tokens. Widths are timed in rotating order so that
     a slow spell of the machine does not land on one width."""
+    samples = measure_width_samples(model, max_width, context=context, repeats=repeats, seed=seed)
+    return {w: statistics.median(times) for w, times in samples.items()}
+
+
+def spread(samples: dict[int, list[float]]) -> float:
+    """How much the repeats of the noisiest width disagree: (second largest -
+    second smallest) / median (the extremes left out), 0 with under 4 repeats."""
+    worst = 0.0
+    for times in samples.values():
+        if len(times) < 4:
+            continue
+        ordered = sorted(times)
+        worst = max(worst, (ordered[-2] - ordered[1]) / statistics.median(ordered))
+    return worst
+
+
+@torch.no_grad()
+def measure_width_samples(
+    model: PreTrainedModel,
+    max_width: int,
+    *,
+    context: int = 48,
+    repeats: int = 5,
+    seed: int = 0,
+) -> dict[int, list[float]]:
+    """Every timed repeat of `measure_widths`, per width."""
     if max_width < 1:
         raise ValueError(f"max_width must be >= 1, got {max_width}")
     device = next(model.parameters()).device
@@ -117,7 +155,7 @@ def measure_widths(
             rollback_to(cache, context)
             if round_index:
                 timings[width].append(elapsed)
-    return {w: statistics.median(times) for w, times in timings.items()}
+    return timings
 
 
 def plan_widths(seconds: dict[int, float], *, margin: float = 0.9) -> WidthPlan:
@@ -174,35 +212,48 @@ def _read_store(store: Path) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def _stored_plan(entry: Any) -> WidthPlan | None:
+def _stored_plan(entry: Any, now: float) -> WidthPlan | None:
+    """The plan of a stored entry, if it is well formed and not too old."""
     try:
         seconds = {int(w): float(t) for w, t in entry["seconds"].items()}
+        measured = float(entry["measured_at"])
     except (KeyError, TypeError, ValueError, AttributeError):
         return None
-    return plan_widths(seconds) if seconds else None
+    if not 0 <= now - measured <= MAX_PLAN_AGE_DAYS * 86400:
+        return None
+    if not seconds or not all(t > 0 for t in seconds.values()):
+        return None
+    return plan_widths(seconds)
 
 
 def tune_pair_widths(
-    pair: Any, max_gamma: int, *, store: Path | None = None
+    pair: Any, max_gamma: int, *, store: Path | None = None, retime: bool = False
 ) -> dict[str, WidthPlan]:
     """Tune the target and, when it is a different model, the drafter of a
     model pair (`.target` and an optional `.drafter`, each a `LoadedModel`)
     for widths up to max_gamma + 1, and install the plans; returns them by
     role. With `store` (a JSON file), timings measured before for the same
-    model, machine and torch are reused, and new ones are added to it."""
+    model, machine and torch, less than `MAX_PLAN_AGE_DAYS` ago, are reused
+    unless `retime`; new ones are added to it unless their repeats were noisy."""
     loaded = {"target": pair.target}
     drafter = getattr(pair, "drafter", None)
     if drafter is not None and drafter.model is not pair.target.model:
         loaded["drafter"] = drafter
     max_width = max_gamma + 1
     saved = _read_store(store) if store is not None else {}
+    now = time.time()
     plans: dict[str, WidthPlan] = {}
     for role, model in loaded.items():
         key = _plan_key(model, max_width)
-        plan = _stored_plan(saved.get(key))
+        plan = None if retime else _stored_plan(saved.get(key), now)
         if plan is None:
-            plan = plan_widths(measure_widths(model.model, max_width))
-            saved[key] = {"seconds": plan.seconds}
+            samples = measure_width_samples(model.model, max_width)
+            plan = plan_widths({w: statistics.median(t) for w, t in samples.items()})
+            noise = spread(samples)
+            if noise <= NOISY_SPREAD:
+                saved[key] = {"seconds": plan.seconds, "measured_at": now, "spread": noise}
+            else:
+                saved.pop(key, None)
         set_width_plan(model.model, plan)
         plans[role] = plan
     if store is not None:

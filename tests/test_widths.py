@@ -105,6 +105,7 @@ def test_pair_plans_are_stored_and_reused(tmp_path, monkeypatch) -> None:
     model = tiny_llama(32, seed=0)
     pair = ModelPair.from_models(model, perturbed_copy(model, 0.1, seed=1), tiny_tokenizer(32))
     store = tmp_path / "widths.json"
+    monkeypatch.setattr(widths, "measure_width_samples", _steady)  # a busy machine is not stored
     first = widths.tune_pair_widths(pair, 3, store=store)
     assert sorted(first) == ["drafter", "target"] and store.exists()
     assert sorted(first["target"].seconds) == [1, 2, 3, 4]
@@ -112,11 +113,76 @@ def test_pair_plans_are_stored_and_reused(tmp_path, monkeypatch) -> None:
     def no_measuring(*args, **kwargs):
         raise AssertionError("measured again although the store has it")
 
-    monkeypatch.setattr(widths, "measure_widths", no_measuring)
+    monkeypatch.setattr(widths, "measure_width_samples", no_measuring)
     again = widths.tune_pair_widths(pair, 3, store=store)
     assert again["target"].seconds == pytest.approx(first["target"].seconds)
     assert width_plan(pair.target.model) == again["target"]
     with pytest.raises(AssertionError, match="measured again"):
         widths.tune_pair_widths(pair, 5, store=store)  # other widths: a new measurement
+    with pytest.raises(AssertionError, match="measured again"):
+        widths.tune_pair_widths(pair, 3, store=store, retime=True)  # asked for
     for loaded in (pair.target, pair.drafter):
         clear_width_plan(loaded.model)
+
+
+def _steady(model, max_width, **kwargs):
+    return {
+        w: [0.01 * w, 0.0101 * w, 0.0099 * w, 0.01 * w, 0.0102 * w] for w in range(1, max_width + 1)
+    }
+
+
+def _busy(model, max_width, **kwargs):
+    return {w: [0.01, 0.02, 0.011, 0.03, 0.009] for w in range(1, max_width + 1)}
+
+
+def test_noisy_old_and_foreign_plans_are_measured_again(tmp_path, monkeypatch) -> None:
+    import json
+
+    from specrepl import widths
+    from specrepl.models import ModelPair
+    from specrepl.testing import tiny_tokenizer
+
+    pair = ModelPair.from_models(tiny_llama(32, seed=0), None, tiny_tokenizer(32))
+    store = tmp_path / "widths.json"
+    measured: list[int] = []
+
+    def counting(kind):
+        def measure(model, max_width, **kwargs):
+            measured.append(max_width)
+            return kind(model, max_width)
+
+        return measure
+
+    # a busy machine: the plan serves this session but is not stored
+    monkeypatch.setattr(widths, "measure_width_samples", counting(_busy))
+    plans = widths.tune_pair_widths(pair, 3, store=store)
+    assert list(plans) == ["target"] and json.loads(store.read_text()) == {}
+    widths.tune_pair_widths(pair, 3, store=store)
+    assert len(measured) == 2  # nothing was stored, so it measured again
+    # a quiet one: stored with its time and spread, and reused
+    monkeypatch.setattr(widths, "measure_width_samples", counting(_steady))
+    widths.tune_pair_widths(pair, 3, store=store)
+    widths.tune_pair_widths(pair, 3, store=store)
+    assert len(measured) == 3
+    saved = json.loads(store.read_text())
+    (entry,) = saved.values()
+    assert entry["spread"] < widths.NOISY_SPREAD and entry["measured_at"] > 0
+    # too old, or from before plans were dated, or from the future: measured again
+    for stale in (
+        {**entry, "measured_at": entry["measured_at"] - 31 * 86400},
+        {"seconds": entry["seconds"]},
+        {**entry, "measured_at": entry["measured_at"] + 86400},
+        {**entry, "seconds": {"1": -1.0}},
+    ):
+        store.write_text(json.dumps({key: stale for key in saved}))
+        widths.tune_pair_widths(pair, 3, store=store)
+    assert len(measured) == 7
+    clear_width_plan(pair.target.model)
+
+
+def test_spread_leaves_the_extremes_out() -> None:
+    from specrepl.widths import spread
+
+    assert spread({1: [1.0, 1.0, 1.0, 1.0, 5.0]}) == 0.0  # one slow repeat is not noise
+    assert spread({1: [1.0, 1.0, 1.5, 2.0, 2.0], 2: [1.0] * 5}) == pytest.approx(1 / 1.5)
+    assert spread({1: [1.0, 9.0]}) == 0.0  # too few repeats to judge
