@@ -3,34 +3,67 @@
 The public API keeps the names users of the original research code know:
 
     from specrepl import load_pair, speculative_generate, autoregressive_generate
+
+The names are imported on first use, so that `import specrepl` (and the
+launcher of `python infer.py`) does not wait for torch and transformers.
 """
 
 from __future__ import annotations
 
-from .draft_head import DraftHead, load_head, resolve_head
-from .drafters import Drafter, HeadDrafter, ModelDrafter
-from .generation import (
-    ContextTooLongError,
-    GenerationInterrupted,
-    autoregressive_generate,
-    speculative_generate,
-    stream_autoregressive,
-    stream_speculative,
-)
-from .models import ModelPair, load_pair
-from .processors import (
-    GreedyProcessor,
-    LogitsProcessor,
-    MultinomialProcessor,
-    NucleusProcessor,
-    TopKNucleusProcessor,
-    TopKProcessor,
-    make_processor,
-)
-from .results import GenerationResult, StepEvent
-from .settings import Settings
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .draft_head import DraftHead, load_head, resolve_head
+    from .drafters import Drafter, HeadDrafter, ModelDrafter
+    from .generation import (
+        ContextTooLongError,
+        GenerationInterrupted,
+        autoregressive_generate,
+        speculative_generate,
+        stream_autoregressive,
+        stream_speculative,
+    )
+    from .models import ModelPair, load_pair
+    from .processors import (
+        GreedyProcessor,
+        LogitsProcessor,
+        MultinomialProcessor,
+        NucleusProcessor,
+        TopKNucleusProcessor,
+        TopKProcessor,
+        make_processor,
+    )
+    from .results import GenerationResult, StepEvent
+    from .settings import Settings
 
 __version__ = "0.1.0"
+
+_HOMES = {
+    "draft_head": ("DraftHead", "load_head", "resolve_head"),
+    "drafters": ("Drafter", "HeadDrafter", "ModelDrafter"),
+    "generation": (
+        "ContextTooLongError",
+        "GenerationInterrupted",
+        "autoregressive_generate",
+        "speculative_generate",
+        "stream_autoregressive",
+        "stream_speculative",
+    ),
+    "models": ("ModelPair", "load_pair"),
+    "processors": (
+        "GreedyProcessor",
+        "LogitsProcessor",
+        "MultinomialProcessor",
+        "NucleusProcessor",
+        "TopKNucleusProcessor",
+        "TopKProcessor",
+        "make_processor",
+    ),
+    "results": ("GenerationResult", "StepEvent"),
+    "settings": ("Settings",),
+}
+_MODULE_OF = {name: module for module, names in _HOMES.items() for name in names}
 
 __all__ = [
     "ContextTooLongError",
@@ -58,3 +91,16 @@ __all__ = [
     "stream_autoregressive",
     "stream_speculative",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _MODULE_OF.get(name)
+    if module is None:
+        raise AttributeError(f"module 'specrepl' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -61,6 +61,7 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
+from .atomic import write_text_atomically
 from .compatibility import IncompatibleTokenizersError
 from .config import AppConfig, ConfigError, default_config_path, load_config
 from .draft_head import HeadLoadError, load_head, resolve_head
@@ -71,6 +72,7 @@ from .models import ModelLoadError, ModelPair, load_pair
 from .processors import PROCESSORS, LogitsProcessor
 from .results import GenerationResult, StepEvent
 from .settings import GAMMA_MAX, SettingError, Settings
+from .signals import EXIT_INTERRUPTED
 from .widths import WidthPlan, cpu_model, tune_pair_widths
 
 __all__ = [
@@ -109,7 +111,6 @@ SCHEMA = "specrepl-bench/1"
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
-EXIT_INTERRUPTED = 130
 
 # The method names; a sweep adds `speculative_g{N}` for each gamma N.
 TARGET = "target"
@@ -1350,7 +1351,7 @@ class BenchReport:
     def write_json(self, path: str | Path) -> Path:
         out = Path(path).expanduser()
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(self.to_dict(), indent=1, allow_nan=False) + "\n", "utf-8")
+        write_text_atomically(out, json.dumps(self.to_dict(), indent=1, allow_nan=False) + "\n")
         return out
 
 

@@ -3,13 +3,13 @@
 Reads the config (`configs/default.toml` or `--config`), lets flags override
 it, loads the model pair and then either opens the REPL or, with `--prompt`,
 answers one prompt and exits (`--json` for one JSON object on stdout).
-Subcommands (`bench`, `soak`) register a `Subcommand` in `SUBCOMMANDS` and
+Subcommands (`bench`, `cache`, `distill`, `soak`) register a `Subcommand` in `SUBCOMMANDS` and
 reuse `add_model_options`, `add_setting_options`, `app_config` and
 `load_models`.
 
 Exit statuses: 0; 1 (a model failed to load, a refusal, a failed soak); 2 (a
 bad flag or config); 130 (Ctrl-C, at any stage: a short message, no
-traceback); 143 (SIGTERM while the REPL runs: "Terminated.", see repl.py).
+traceback); 143 (SIGTERM, at any stage: "Terminated.", see signals.py).
 
 This module wires the parts together; it does not print (render.py does),
 does not parse REPL commands (commands.py) and knows nothing about decoding.
@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
-from . import bench, distill, repl, soak
+from . import bench, disk_cache, distill, repl, soak
 from .commands import parse_integer, parse_number
 from .compatibility import IncompatibleTokenizersError
 from .config import (
@@ -47,6 +47,7 @@ from .processors import PROCESSORS
 from .render import Renderer
 from .session import ChatSession
 from .settings import SettingError, Settings, shown
+from .signals import EXIT_INTERRUPTED, EXIT_TERMINATED, Terminated, sigterm_unwinds
 
 if TYPE_CHECKING:
     from .models import ModelPair
@@ -67,7 +68,6 @@ __all__ = [
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
-EXIT_INTERRUPTED = 130
 NO_DRAFTER = "none"
 
 
@@ -178,12 +178,22 @@ def _run_distill(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _run_cache(args: argparse.Namespace) -> int:
+    return disk_cache.run(args, Console(highlight=False))
+
+
 SUBCOMMANDS: list[Subcommand] = [
     Subcommand(
         "bench",
         "measure speed against the peers on Spec-Bench prompts (bench --help)",
         bench.add_arguments,
         _run_bench,
+    ),
+    Subcommand(
+        "cache",
+        "list or clear what specrepl keeps on disk (cache --help)",
+        disk_cache.add_arguments,
+        _run_cache,
     ),
     Subcommand(
         "distill",
@@ -339,6 +349,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--json", action="store_true", help="with --prompt: print one JSON object on stdout"
     )
+    parser.add_argument(
+        "--retime-widths",
+        action="store_true",
+        help="on a CPU, time the forward widths again instead of using the stored plan",
+    )
     add_model_options(parser)
     add_setting_options(parser)
     if SUBCOMMANDS:
@@ -397,8 +412,11 @@ def app_config(args: argparse.Namespace) -> AppConfig:
     )
 
 
-def load_models(config: AppConfig, renderer: Renderer) -> ChatSession:
-    """Load the config's pair into a warmed-up session, showing progress.
+def load_models(
+    config: AppConfig, renderer: Renderer, *, retime_widths: bool = False
+) -> ChatSession:
+    """Load the config's pair into a warmed-up session, showing progress
+    (`retime_widths`: time the forward widths again, see widths.py).
 
     Raises ModelLoadError or IncompatibleTokenizersError.
     """
@@ -412,7 +430,7 @@ def load_models(config: AppConfig, renderer: Renderer) -> ChatSession:
         )
         session = ChatSession(pair, config.settings)
         progress("warming up…")
-        session.warm_up()
+        session.warm_up(retime_widths=retime_widths)
     return session
 
 
@@ -465,7 +483,8 @@ def _start(args: argparse.Namespace, renderer: Renderer) -> tuple[AppConfig, Cha
         renderer.fatal(str(error))
         return EXIT_USAGE
     try:
-        return config, load_models(config, renderer)
+        retime = bool(getattr(args, "retime_widths", False))
+        return config, load_models(config, renderer, retime_widths=retime)
     except (ModelLoadError, IncompatibleTokenizersError, HeadLoadError, SettingError) as error:
         renderer.fatal(str(error))
         return EXIT_FAILED
@@ -474,7 +493,20 @@ def _start(args: argparse.Namespace, renderer: Renderer) -> tuple[AppConfig, Cha
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run specrepl with `argv` (default: the process's arguments); returns the exit status."""
+    """Run specrepl with `argv` (default: the process's arguments); returns the exit status.
+
+    SIGTERM, at any stage and in every subcommand, unwinds to here: one line,
+    status 143 (the REPL says it itself)."""
+    with sigterm_unwinds():
+        try:
+            return _main(argv)
+        except Terminated:
+            with contextlib.suppress(KeyboardInterrupt, Terminated):
+                Console(stderr=True, highlight=False).print("Terminated.", style="yellow")
+            return EXIT_TERMINATED
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     subcommand = getattr(args, "run", None)

@@ -28,6 +28,7 @@ from .settings import DRAFTER_KINDS, SettingError, Settings, shown
 if TYPE_CHECKING:
     from .models import ModelPair
     from .session import Change, ChatSession
+    from .widths import WidthPlan
 
 __all__ = [
     "PROCESSOR_PARAMETERS",
@@ -45,6 +46,7 @@ __all__ = [
     "ShowHelp",
     "ShowModels",
     "ShowSettings",
+    "ShowWidths",
 ]
 
 PREFIX = "/"
@@ -123,6 +125,16 @@ class ShowModels:
 
 
 @dataclass(frozen=True)
+class ShowWidths:
+    """The forward-width plan of each model (`/widths`), by role."""
+
+    plans: Mapping[str, WidthPlan | None]
+    measured: bool
+    """True when they were measured just now (`/widths retime`)."""
+    device: str
+
+
+@dataclass(frozen=True)
 class ShowHelp:
     commands: tuple[Command, ...]
     topic: Command | None = None
@@ -152,8 +164,8 @@ class CommandFailed:
 
 
 CommandResult = Union[  # noqa: UP007 - a runtime alias
-    SettingsChanged, ShowSettings, ShowModels, ShowHelp, HistoryCleared, ClearScreen, Quit,
-    CommandFailed,
+    SettingsChanged, ShowSettings, ShowModels, ShowWidths, ShowHelp, HistoryCleared, ClearScreen,
+    Quit, CommandFailed,
 ]  # fmt: skip
 Handler = Callable[["ChatSession", Mapping[str, Any]], CommandResult]
 
@@ -659,6 +671,20 @@ def _config(session: ChatSession, values: Mapping[str, Any]) -> CommandResult:
 @REGISTRY.command("models", help="show the loaded target and drafter")
 def _models(session: ChatSession, values: Mapping[str, Any]) -> CommandResult:
     return ShowModels(session.pair, session.head_summary())
+
+
+@REGISTRY.command(
+    "widths",
+    help="show the forward widths each model is padded to; retime: measure them again now",
+    arguments=(Argument("retime", str, "measure again", choices=("retime",)),),
+)
+def _widths(session: ChatSession, values: Mapping[str, Any]) -> CommandResult:
+    device = session.pair.device.type
+    if "retime" in values:
+        if device != "cpu":
+            return CommandFailed(f"widths are timed on a CPU only (the models run on {device})")
+        session.tune_widths(retime=True)
+    return ShowWidths(session.width_plans(), "retime" in values, device)
 
 
 def _command_names() -> tuple[str, ...]:

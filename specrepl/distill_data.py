@@ -25,7 +25,6 @@ This module never prints: progress goes through a callback.
 from __future__ import annotations
 
 import json
-import os
 import random
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -33,6 +32,8 @@ from pathlib import Path
 
 import torch
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
+
+from .atomic import write_atomically
 
 __all__ = [
     "OPENERS",
@@ -228,15 +229,6 @@ def batched_generate(
     return result
 
 
-def _write_atomically(path: Path, write: Callable[[Path], None]) -> None:
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        write(temporary)
-        os.replace(temporary, path)
-    finally:
-        temporary.unlink(missing_ok=True)
-
-
 def _user_turn_prefix(tokenizer: PreTrainedTokenizerBase, system: str | None) -> tuple[str, str]:
     """The chat template rendered up to where a user's message starts, and
     what follows a message (to find where the model's message ends)."""
@@ -380,7 +372,7 @@ def make_answers(
             {"ids": ids, "features": feats, "prompt_length": length}
             for ids, feats, length in zip(sequences, features, prompt_lengths, strict=True)
         ]
-        _write_atomically(path, lambda file, r=records: torch.save(r, file))
+        write_atomically(path, lambda file, r=records: torch.save(r, file))
         tokens += sum(_answer_tokens(record) for record in records)
         if progress is not None:
             progress(DataProgress("answers", index + 1, shards, tokens))

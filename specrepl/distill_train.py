@@ -21,7 +21,6 @@ This module never prints: progress goes through a callback.
 from __future__ import annotations
 
 import math
-import os
 import random
 import time
 from collections import Counter
@@ -34,7 +33,9 @@ import torch
 import torch.nn.functional as F
 from transformers import PreTrainedModel
 
+from .atomic import write_atomically
 from .draft_head import DraftHead
+from .signals import Terminated
 
 __all__ = [
     "TrainProgress",
@@ -219,12 +220,7 @@ def _learning_rate(settings: TrainSettings, used: float) -> float:
 
 
 def _save_checkpoint(path: Path, payload: dict[str, Any]) -> None:
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        torch.save(payload, temporary)
-        os.replace(temporary, path)
-    finally:
-        temporary.unlink(missing_ok=True)
+    write_atomically(path, lambda file: torch.save(payload, file))
 
 
 def train_head(
@@ -240,7 +236,7 @@ def train_head(
 ) -> TrainState:
     """Train a head for `target` on `records`, resuming from a checkpoint in
     `work_directory` made with the same settings. Stops at the time or token
-    budget; Ctrl-C stops after writing a checkpoint (KeyboardInterrupt is re-raised)."""
+    budget; Ctrl-C or SIGTERM stops after writing a checkpoint (and is re-raised)."""
     work_directory.mkdir(parents=True, exist_ok=True)
     checkpoint_path = work_directory / CHECKPOINT_FILE
     rng = random.Random(settings.seed)
@@ -251,9 +247,7 @@ def train_head(
     held_back = [records[i] for i in indices[:held]]
     training = [records[i] for i in indices[held:]]
     token_ids = choose_draft_vocabulary(training, settings.draft_vocab, end_tokens, vocab_size)
-    head = DraftHead.for_target(
-        target, token_ids, copy_last_layer=settings.copy_last_layer
-    ).float()
+    head = DraftHead.for_target(target, token_ids, copy_last_layer=settings.copy_last_layer).float()
     head.train()
     optimizer = torch.optim.AdamW(head.parameters(), lr=settings.learning_rate, weight_decay=0.0)
     seconds, tokens, steps, epoch, done_in_epoch, resumed = 0.0, 0, 0, 0, 0, False
@@ -322,7 +316,7 @@ def train_head(
                     last_checkpoint = time.perf_counter()
             else:
                 epoch, done_in_epoch = epoch + 1, 0
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, Terminated):
         checkpoint()
         raise
     checkpoint()

@@ -27,7 +27,6 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
-import os
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
@@ -40,6 +39,8 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers import PreTrainedModel
+
+from .atomic import write_atomically, write_text_atomically
 
 __all__ = [
     "HEAD_FORMAT",
@@ -410,16 +411,8 @@ def save_head(head: DraftHead, directory: Path, description: dict[str, Any]) -> 
     }
     tensors["token_ids"] = head.token_ids.to(torch.int32).contiguous()
     full = {"format": HEAD_FORMAT, "config": asdict(head.config), **description}
-    weights_tmp = directory / f".{WEIGHTS_FILE}.{os.getpid()}.tmp"
-    text_tmp = directory / f".{DESCRIPTION_FILE}.{os.getpid()}.tmp"
-    try:
-        save_file(tensors, str(weights_tmp))
-        text_tmp.write_text(json.dumps(full, indent=2) + "\n", encoding="utf-8")
-        os.replace(weights_tmp, directory / WEIGHTS_FILE)
-        os.replace(text_tmp, directory / DESCRIPTION_FILE)
-    finally:
-        weights_tmp.unlink(missing_ok=True)
-        text_tmp.unlink(missing_ok=True)
+    write_atomically(directory / WEIGHTS_FILE, lambda file: save_file(tensors, str(file)))
+    write_text_atomically(directory / DESCRIPTION_FILE, json.dumps(full, indent=2) + "\n")
 
 
 def read_description(directory: Path) -> dict[str, Any]:

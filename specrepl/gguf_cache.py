@@ -42,8 +42,12 @@ from pathlib import Path
 
 import torch
 
+from .atomic import write_text_atomically
+
 __all__ = [
     "CACHE_FORMAT",
+    "MARKER",
+    "PARTIAL_PREFIX",
     "ConvertedGguf",
     "cache_root",
     "check_copy",
@@ -58,7 +62,7 @@ MARKER = "specrepl-gguf.json"
 CHECK_BYTES = 1024 * 1024
 SAMPLE_BYTES = 8 * 1024 * 1024
 STALE_PARTIAL_SECONDS = 24 * 3600
-_PARTIAL_PREFIX = ".partial-"
+PARTIAL_PREFIX = ".partial-"
 
 
 @dataclass(frozen=True)
@@ -120,7 +124,7 @@ def converted_copy(
         progress(f"converting GGUF {gguf_path.name} (first time only, ~20 s)…")
     root.mkdir(parents=True, exist_ok=True)
     _remove_stale_partials(root)
-    partial = Path(tempfile.mkdtemp(prefix=f"{_PARTIAL_PREFIX}{directory.name}-", dir=root))
+    partial = Path(tempfile.mkdtemp(prefix=f"{PARTIAL_PREFIX}{directory.name}-", dir=root))
     try:
         _convert(gguf_path, partial)
         try:
@@ -174,9 +178,7 @@ def _write_marker(directory: Path, about: dict[str, object]) -> None:
         "files": files,
         "written_by": {"specrepl": __version__, "torch": torch.__version__},
     }
-    temporary = directory / f".{MARKER}.tmp"
-    temporary.write_text(json.dumps(marker, indent=2) + "\n", encoding="utf-8")
-    os.replace(temporary, directory / MARKER)
+    write_text_atomically(directory / MARKER, json.dumps(marker, indent=2) + "\n")
 
 
 def _sample_digest(path: Path) -> str:
@@ -281,7 +283,7 @@ def _silent_gguf_progress_bar() -> Iterator[None]:
 def _remove_stale_partials(root: Path) -> None:
     """Delete temporary directories left by conversions killed a day or more ago."""
     now = time.time()
-    for entry in root.glob(f"{_PARTIAL_PREFIX}*"):
+    for entry in root.glob(f"{PARTIAL_PREFIX}*"):
         try:
             if now - entry.stat().st_mtime > STALE_PARTIAL_SECONDS:
                 shutil.rmtree(entry, ignore_errors=True)

@@ -47,6 +47,7 @@ from .commands import (
     ShowHelp,
     ShowModels,
     ShowSettings,
+    ShowWidths,
 )
 from .prompting import printable
 from .session import GENERATORS, Answer, Run, RunFinished, RunStarted, RunStep, SessionEvent
@@ -386,6 +387,28 @@ class Renderer:
     @show.register
     def _(self, result: ShowModels) -> None:
         self.console.print(self._models_table(result.pair, result.head))
+
+    @show.register
+    def _(self, result: ShowWidths) -> None:
+        if result.device != "cpu":
+            self.console.print(
+                f"Forward widths are timed on a CPU only (the models run on {result.device}): "
+                "every step feeds exactly its tokens."
+            )
+            return
+        when = "measured just now" if result.measured else "measured at start-up or stored"
+        table = _table(f"forward widths ({when}; /widths retime measures again)")
+        table.add_column("model", style="bold")
+        table.add_column("ms per width 1, 2, …", style="cyan")
+        table.add_column("padded to a cheaper width")
+        for role, plan in result.plans.items():
+            if plan is None:
+                table.add_row(role, "not timed", "none")
+                continue
+            times = ", ".join(f"{seconds * 1e3:.1f}" for _, seconds in sorted(plan.seconds.items()))
+            padded = [f"{w}→{p}" for w, p in sorted(plan.padded.items()) if p != w]
+            table.add_row(role, times, ", ".join(padded) or "none")
+        self.console.print(table)
 
     @show.register
     def _(self, result: ShowHelp) -> None:

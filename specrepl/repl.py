@@ -19,13 +19,10 @@ from __future__ import annotations
 import contextlib
 import io
 import os
-import signal
 import sys
-import threading
 from collections.abc import Iterator
 from contextlib import AbstractContextManager
 from pathlib import Path
-from types import FrameType
 from typing import Protocol, TextIO
 
 from prompt_toolkit import PromptSession
@@ -39,6 +36,7 @@ from prompt_toolkit.output import Output
 from .commands import REGISTRY, CommandRegistry, Quit
 from .render import Renderer, settings_line
 from .session import ChatSession
+from .signals import EXIT_TERMINATED, Terminated, sigterm_unwinds
 
 __all__ = [
     "EXIT_TERMINATED",
@@ -56,46 +54,6 @@ __all__ = [
 ]
 
 PROMPT = "› "
-EXIT_TERMINATED = 128 + signal.SIGTERM
-"""The status after SIGTERM: what a shell reports for a process that SIGTERM
-killed (143), so that a script can tell it from an ordinary end (0)."""
-
-
-class Terminated(SystemExit):
-    """SIGTERM arrived while the REPL ran.
-
-    A `SystemExit` (status 143) so that `except Exception` does not swallow
-    it and, should it escape, Python exits quietly with that status.
-    """
-
-    def __init__(self) -> None:
-        super().__init__(EXIT_TERMINATED)
-
-
-@contextlib.contextmanager
-def sigterm_unwinds() -> Iterator[None]:
-    """Within the block, the first SIGTERM raises `Terminated` in the main thread
-    (later ones are ignored while it unwinds); the previous handler is put back
-    afterwards. Does nothing outside the main thread, where Python cannot set
-    signal handlers.
-    """
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    fired = False
-
-    def handler(signum: int, frame: FrameType | None) -> None:
-        nonlocal fired
-        if not fired:
-            fired = True
-            raise Terminated
-
-    previous = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        # None: the previous handler was not set from Python; the default is the best guess
-        signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
 
 
 class LineReader(Protocol):

@@ -42,7 +42,7 @@ from .processors import UnusableLogitsError
 from .prompting import PromptEncodingError, chat_prompt_ids, clean_prompt, text_prompt_ids
 from .results import GenerationResult, StepEvent
 from .settings import SettingError, Settings
-from .widths import tune_pair_widths
+from .widths import WidthPlan, tune_pair_widths, width_plan
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -308,17 +308,17 @@ class ChatSession:
 
     # -- answering ---------------------------------------------------------
 
-    def warm_up(self, prompt: str = "Hello") -> None:
+    def warm_up(self, prompt: str = "Hello", *, retime_widths: bool = False) -> None:
         """One short run of each model, so that one-time start-up costs (kernel
         selection, allocator growth) do not land in the first answer's timings.
         Changes neither the settings nor the history.
 
         On a CPU it also times each model's forward widths (`widths.py`) once
         per model and machine, kept under the cache directory, so that steps
-        are padded to cheaper widths."""
+        are padded to cheaper widths (`retime_widths`: measured again now)."""
         settings = self.settings
         if self.pair.device.type == "cpu":
-            tune_pair_widths(self.pair, max(settings.gamma, 8), store=cache_root() / "widths.json")
+            self.tune_widths(retime=retime_widths)
         ids = self.prompt_ids(prompt)
         common: dict[str, Any] = {
             "eos_tokens_id": self.pair.eos_token_ids,
@@ -533,6 +533,22 @@ class ChatSession:
                 }
             self._heads[name] = (head, description)
         return self._heads[name]
+
+    def tune_widths(self, *, retime: bool = False) -> dict[str, WidthPlan]:
+        """Time the models' forward widths (CPU only; stored plans are reused unless
+        `retime`) and install the plans; returns them by role ({} off a CPU)."""
+        if self.pair.device.type != "cpu":
+            return {}
+        store = cache_root() / "widths.json"
+        return tune_pair_widths(self.pair, max(self.settings.gamma, 8), store=store, retime=retime)
+
+    def width_plans(self) -> dict[str, WidthPlan | None]:
+        """The width plan each model runs with, by role (None: not padded)."""
+        plans: dict[str, WidthPlan | None] = {"target": width_plan(self.pair.target.model)}
+        drafter = self.pair.drafter
+        if drafter is not None and drafter.model is not self.pair.target.model:
+            plans["drafter"] = width_plan(drafter.model)
+        return plans
 
     def head_summary(self) -> dict[str, Any] | None:
         """The draft head the settings name (its description and "path"), if one is loaded."""

@@ -35,6 +35,7 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel
 
+from .atomic import write_text_atomically
 from .kv_cache import new_cache, rollback_to
 
 __all__ = [
@@ -259,7 +260,7 @@ def tune_pair_widths(
     if store is not None:
         try:
             store.parent.mkdir(parents=True, exist_ok=True)
-            store.write_text(json.dumps(saved, indent=1), encoding="utf-8")
+            write_text_atomically(store, json.dumps(saved, indent=1))
         except OSError:
             pass  # a read-only cache only costs a new measurement next time
     return plans

@@ -64,7 +64,7 @@ def test_help_documents_every_flag(capsys: pytest.CaptureFixture[str]) -> None:
     for flag in (
         "--config", "--target", "--drafter", "--device", "--dtype", "--quantize", "--gamma",
         "--processor", "--temperature", "--top-k", "--top-p", "--max-new-tokens", "--seed",
-        "--no-cache", "--no-chat", "--trust-remote-code", "--prompt", "--json",
+        "--no-cache", "--no-chat", "--trust-remote-code", "--prompt", "--json", "--retime-widths",
     ):  # fmt: skip
         assert flag in text
     assert "an integer >= 1 and <= 64" in text  # the bounds come from Settings

@@ -363,3 +363,22 @@ def test_lines_that_are_commands() -> None:
     assert REGISTRY.is_command("  /help")
     assert not REGISTRY.is_command("//etc/passwd is a path")
     assert not REGISTRY.is_command("hello /gamma")
+
+
+def test_widths_shows_each_models_plan_and_retime_measures_again(session: ChatSession) -> None:
+    from specrepl.commands import ShowWidths
+    from specrepl.widths import clear_width_plan
+
+    clear_width_plan(session.pair.target.model)
+    shown = REGISTRY.dispatch(session, "/widths")
+    assert isinstance(shown, ShowWidths) and not shown.measured
+    assert shown.plans["target"] is None and set(shown.plans) == {"target", "drafter"}
+    measured = REGISTRY.dispatch(session, "/widths retime")
+    assert isinstance(measured, ShowWidths) and measured.measured
+    plan = measured.plans["target"]
+    widths = range(1, max(session.settings.gamma, 8) + 2)
+    assert plan is not None and set(plan.seconds) == set(widths)
+    console = Console(file=io.StringIO(), width=120, record=True)
+    Renderer(console).show(measured)
+    assert "forward widths (measured just now" in console.export_text()
+    assert isinstance(REGISTRY.dispatch(session, "/widths later"), CommandFailed)

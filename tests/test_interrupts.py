@@ -651,3 +651,110 @@ def test_sigterm_while_generating_restores_the_terminal(models_dir: Path, tmp_pa
     assert "Terminated." in text and "Traceback" not in text
     assert "baseline" not in text  # it was still generating
     assert list(FileHistory(str(history)).load_history_strings()) == [PROMPT, "an older line"]
+
+
+# -- every entry point ends the same way: one line, 130 or 143, nothing half-written ------------
+
+EXIT_FOR = {signal.SIGINT: 130, signal.SIGTERM: 143}
+LINE_FOR = {signal.SIGINT: "Interrupted", signal.SIGTERM: "Terminated"}
+
+
+def leftovers(*directories: Path) -> list[Path]:
+    """Temporary files (`.NAME.PID.tmp`) or unfinished directories left behind."""
+    found: list[Path] = []
+    for directory in directories:
+        if directory.exists():
+            found += [p for p in directory.rglob("*") if p.name.endswith(".tmp")]
+            found += [p for p in directory.rglob(".partial-*")]
+    return found
+
+
+def signalled(
+    argv: list[str], sig: signal.Signals, marker: str | None, *, settle: float = 1.0, **env: str
+) -> tuple[int, str]:
+    """Run `python infer.py ARGV`, send `sig` once `marker` is on stdout or stderr
+    (None: 0.5 s after the start, while torch is being imported) and `settle`
+    seconds more; returns the exit status and everything it printed."""
+    child = subprocess.Popen(
+        [sys.executable, "infer.py", *argv],
+        cwd=ROOT,
+        env=child_env(**env),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        assert child.stdout is not None
+        out = Output(child.stdout.fileno())
+        if marker is None:
+            time.sleep(0.5)
+        else:
+            assert out.wait_for(marker), out.data.decode(errors="replace")
+            time.sleep(settle)
+        assert child.poll() is None, out.drain()  # still running when the signal comes
+        child.send_signal(sig)
+        status = out.until_exit(child, timeout=120)
+        return status, out.drain()
+    finally:
+        child.kill()
+        child.communicate()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_while_torch_is_imported(models_dir: Path, sig: signal.Signals) -> None:
+    argv = ["--config", str(models_dir / "tiny.toml"), "--prompt", "w7"]
+    status, text = signalled(argv, sig, None)
+    assert status == EXIT_FOR[sig], text
+    assert LINE_FOR[sig] in text and "Traceback" not in text
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_in_a_one_shot_answer(models_dir: Path, sig: signal.Signals) -> None:
+    argv = ["--config", str(models_dir / "endless.toml"), "--prompt", PROMPT]
+    status, text = signalled(argv, sig, "endless")  # the models table: now it generates
+    assert status == EXIT_FOR[sig], text
+    assert "Traceback" not in text
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_in_bench(models_dir: Path, tmp_path: Path, sig: signal.Signals) -> None:
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"question_id": 1, "category": "qa", "turns": ["w7 w8 w9"]}\n')
+    report = tmp_path / "out" / "bench.json"
+    argv = [
+        "bench", "--config", str(models_dir / "endless.toml"), "--prompts", str(prompts),
+        "--max-new-tokens", "200000", "--warmup", "0", "--widths", "off", "--json", str(report),
+    ]  # fmt: skip
+    status, text = signalled(argv, sig, "bench 1 prompts")
+    assert status == EXIT_FOR[sig], text
+    assert "Traceback" not in text
+    if sig == signal.SIGTERM:  # ends at once: no report, and no half of one
+        assert "Terminated." in text and not report.exists()
+    assert leftovers(tmp_path) == []
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_in_soak(models_dir: Path, tmp_path: Path, sig: signal.Signals) -> None:
+    report = tmp_path / "soak.json"
+    argv = ["soak", "--config", str(models_dir / "tiny.toml"), "--prompts", "100000",
+            "--json", str(report)]  # fmt: skip
+    status, text = signalled(argv, sig, "target", settle=2.0)
+    assert status == EXIT_FOR[sig], text
+    assert LINE_FOR[sig] in text and "Traceback" not in text
+    assert leftovers(tmp_path) == []
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_in_distill_keeps_a_resumable_work_directory(
+    models_dir: Path, tmp_path: Path, sig: signal.Signals
+) -> None:
+    work, out = tmp_path / "work", tmp_path / "head"
+    argv = [
+        "--config", str(models_dir / "tiny.toml"), "distill", "--work", str(work),
+        "--out", str(out), "--prompts", "400", "--data-tokens", "100000", "--minutes", "5",
+    ]  # fmt: skip
+    status, text = signalled(argv, sig, "work directory", settle=3.0)
+    assert status == EXIT_FOR[sig], text
+    assert LINE_FOR[sig] in text and "Traceback" not in text
+    assert leftovers(tmp_path) == []
+    assert not out.exists()  # no head was written half-trained

@@ -1,0 +1,68 @@
+"""How the process ends on Ctrl-C and SIGTERM, the same in every entry point.
+
+Ctrl-C raises `KeyboardInterrupt` (Python's default) and SIGTERM, inside
+`sigterm_unwinds`, raises `Terminated`. Both unwind the stack like an
+exception, so every `with` block on the way restores what it changed (the
+terminal's echo and raw mode, rich's live panels, temporary files) before the
+entry point prints one line and exits with the status a shell reports for the
+signal: 130 and 143.
+
+Only the standard library is imported here: the launcher uses this module
+before torch and transformers are imported.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+from collections.abc import Iterator
+from types import FrameType
+
+__all__ = ["EXIT_INTERRUPTED", "EXIT_TERMINATED", "Terminated", "sigterm_unwinds"]
+
+EXIT_INTERRUPTED = 128 + signal.SIGINT
+"""The status after Ctrl-C (130)."""
+
+EXIT_TERMINATED = 128 + signal.SIGTERM
+"""The status after SIGTERM: what a shell reports for a process that SIGTERM
+killed (143), so that a script can tell it from an ordinary end (0)."""
+
+
+class Terminated(SystemExit):
+    """SIGTERM arrived.
+
+    A `SystemExit` (status 143) so that neither `except Exception` nor
+    `except KeyboardInterrupt` (which stops only the current generation in
+    the REPL) swallows it and, should it escape, Python exits quietly with
+    that status.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(EXIT_TERMINATED)
+
+
+@contextlib.contextmanager
+def sigterm_unwinds() -> Iterator[None]:
+    """Within the block, the first SIGTERM raises `Terminated` in the main thread
+    (later ones are ignored while it unwinds); the previous handler is put back
+    afterwards. Does nothing outside the main thread, where Python cannot set
+    signal handlers.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    fired = False
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        nonlocal fired
+        if not fired:
+            fired = True
+            raise Terminated
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        # None: the previous handler was not set from Python; the default is the best guess
+        signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
