@@ -310,7 +310,8 @@ def train_head(
                 if steps % evaluate_every == 0:
                     measured = agreement = evaluate_head(head, held_back, settings, dtype)
                 if progress is not None:
-                    progress(TrainProgress(seconds, budget, tokens, steps, float(loss), measured))
+                    shown = float(loss.detach())
+                    progress(TrainProgress(seconds, budget, tokens, steps, shown, measured))
                 if time.perf_counter() - last_checkpoint >= settings.checkpoint_seconds:
                     checkpoint()
                     last_checkpoint = time.perf_counter()

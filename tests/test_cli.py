@@ -369,3 +369,17 @@ def test_soak_refuses_bad_counts_before_loading(
     code, _, err = run_main(["soak", "--config", str(config_file), *argv], capsys)
     assert code == 2
     assert "need --prompts >= 1" in err and "Loading" not in err
+
+
+def test_the_launcher_starts_before_torch_and_the_package_names_load_on_use() -> None:
+    import subprocess
+    import sys
+
+    import specrepl
+
+    assert set(specrepl.__all__) == set(specrepl._MODULE_OF)
+    for name in specrepl.__all__:
+        assert getattr(specrepl, name) is not None
+    probe = "import sys, specrepl.launcher; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"  # Ctrl-C during `import torch` is the launcher's

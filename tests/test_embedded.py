@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from specrepl.drafters import LookupDrafter, ModelDrafter, NgramDrafter
+from specrepl.draft_head import load_head, resolve_head, target_fingerprint
+from specrepl.drafters import HeadDrafter, HybridDrafter, LookupDrafter, ModelDrafter, NgramDrafter
 from specrepl.gamma import make_policy
 from specrepl.generation import autoregressive_generate, speculative_generate
 
@@ -66,3 +67,81 @@ def test_the_bf16_copy_agrees_with_the_target_nearly_always(embedded_pair) -> No
         vocab_size=pair.vocab_size,
     )
     assert result.acceptance_rate > 0.7
+
+
+# -- the draft head shipped for the embedded target ------------------------------------
+
+# Own prompts, used nowhere else (not in training, not in any benchmark).
+HEAD_PROMPTS = (
+    "Give me three tips for keeping houseplants alive.",
+    "Explain what a variable is in programming, for a beginner.",
+    "Write a short note thanking a neighbour for watering my garden.",
+)
+# README states the shipped head's figures; this is the floor the test holds it to
+# (first-draft acceptance, greedy, fixed gamma 4, 48 new tokens per prompt, pooled).
+SHIPPED_HEAD_FIRST_DRAFT_ACCEPTANCE = 0.2  # measured 0.28 (2026-11-23, 2-core AMD EPYC)
+
+
+@pytest.fixture(scope="module")
+def shipped_head(embedded_pair):
+    head, description = load_head(resolve_head("embedded"), embedded_pair.target.model)
+    return head, description
+
+
+def test_shipped_head_is_made_for_the_embedded_target(embedded_pair, shipped_head) -> None:
+    _, description = shipped_head
+    assert description["target"]["fingerprint"] == target_fingerprint(embedded_pair.target.model)
+    weights = resolve_head("embedded") / "head.safetensors"
+    assert weights.stat().st_size <= 16 * 2**20
+
+
+def test_shipped_head_keeps_the_targets_greedy_output(embedded_pair, shipped_head) -> None:
+    pair = embedded_pair
+    head, _ = shipped_head
+    common = {
+        "max_gen_len": NEW_TOKENS,
+        "eos_tokens_id": pair.eos_token_ids,
+        "vocab_size": pair.vocab_size,
+    }
+    for prompt in PROMPTS:
+        ids = chat_ids(pair, prompt)
+        reference = autoregressive_generate(ids, pair.target.model, **common)
+        runs = {
+            "head, gamma 4": speculative_generate(
+                ids, HeadDrafter(head), pair.target.model, gamma=4, **common
+            ),
+            "head, auto": speculative_generate(
+                ids, HeadDrafter(head), pair.target.model, gamma=make_policy("auto", 8), **common
+            ),
+            "hybrid head, gamma 6": speculative_generate(
+                ids,
+                HybridDrafter(HeadDrafter(head), LookupDrafter(3), cost_ratio=1.0),
+                pair.target.model,
+                gamma=6,
+                **common,
+            ),
+            "head, no cache": speculative_generate(
+                ids, HeadDrafter(head), pair.target.model, gamma=3, use_cache=False, **common
+            ),
+        }
+        for name, result in runs.items():
+            assert result.token_ids == reference.token_ids, (prompt, name)
+
+
+def test_shipped_head_reaches_its_stated_acceptance(embedded_pair, shipped_head) -> None:
+    pair = embedded_pair
+    head, _ = shipped_head
+    first_tried = first_taken = 0
+    for prompt in HEAD_PROMPTS:
+        result = speculative_generate(
+            chat_ids(pair, prompt),
+            HeadDrafter(head),
+            pair.target.model,
+            gamma=4,
+            max_gen_len=48,
+            eos_tokens_id=pair.eos_token_ids,
+            vocab_size=pair.vocab_size,
+        )
+        first_tried += result.drafted_per_position[0]
+        first_taken += result.accepted_per_position[0]
+    assert first_taken / first_tried >= SHIPPED_HEAD_FIRST_DRAFT_ACCEPTANCE
