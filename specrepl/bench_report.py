@@ -75,7 +75,7 @@ def _category_table(report: BenchReport, category: str) -> Table:
         box=box.SIMPLE_HEAD,
         title_justify="left",
     )
-    table.add_column("method", no_wrap=True)
+    table.add_column("method")
     table.add_column("tok/s", justify="right")
     table.add_column("× target", justify="right")
     if report.has_hf:
@@ -135,10 +135,7 @@ def _time_split_table(report: BenchReport) -> Table:
         "draft ÷ target",
     )
     for name in names:
-        if name == "method":
-            table.add_column(name, no_wrap=True)
-        else:
-            table.add_column(name, justify="right")
+        table.add_column(name, justify="left" if name == "method" else "right")
     overall = report.summary[OVERALL]
     for method in report.methods:
         summary = overall.get(method.name)

@@ -81,8 +81,14 @@ class Subcommand:
     run: Callable[[argparse.Namespace], int]
 
 
+REPORT_WIDTH = 160
+"""Columns of `bench`'s report when it goes to a file or a pipe (a terminal's own
+width is used, and so is $COLUMNS): wide enough that no table is folded."""
+
+
 def _run_bench(args: argparse.Namespace) -> int:
-    return bench.run(args, Console(highlight=False))
+    folded = sys.stdout.isatty() or "COLUMNS" in os.environ
+    return bench.run(args, Console(highlight=False, width=None if folded else REPORT_WIDTH))
 
 
 def _run_soak(args: argparse.Namespace) -> int:

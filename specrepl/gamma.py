@@ -23,6 +23,8 @@ This module knows nothing about models: it reads `StepEvent`s only.
 
 from __future__ import annotations
 
+import statistics
+from collections.abc import Mapping
 from typing import Protocol
 
 from .results import StepEvent
@@ -136,6 +138,13 @@ class AutoGamma:
     Gamma 0 is not chosen before three drafting steps have been seen: one
     early rejection says little, and leaving drafting is costly to undo
     because only the probe every `probe_every` plain steps brings new evidence.
+
+    `prime` gives the target's costs per k as timed before the run (the
+    forward-width timings, `widths.py`); for a k not measured in this run they
+    are used, scaled by how this run's measured steps compare with them. Without
+    them, the step without drafts, never taken while drafting pays, would be
+    judged from a line through the drafting steps, which on a CPU whose one-token
+    step takes a cheaper kernel than wider ones overprices it.
     """
 
     name = "auto"
@@ -165,6 +174,7 @@ class AutoGamma:
         self.prior_weight = [self.PRIOR_WEIGHT] * self.max_gamma  # fades like the counts
         self.draft_cost: float | None = None
         self.target_cost: dict[int, float] = {}
+        self.prior_cost: dict[int, float] = {}
         self.steps = 0
         self.plain_steps = 0
 
@@ -211,6 +221,10 @@ class AutoGamma:
         k = event.gamma
         self.target_cost[k] = self._ema(self.target_cost.get(k), event.target_seconds)
 
+    def prime(self, seconds: Mapping[int, float]) -> None:
+        """Seconds of a target step with k drafts, timed before this run (see the class)."""
+        self.prior_cost = {k: t for k, t in seconds.items() if t > 0}
+
     def verify_cost(self, k: int) -> float:
         """Seconds for a target step with k drafts: as measured, or else from a
         line through what was measured.
@@ -221,6 +235,11 @@ class AutoGamma:
         """
         if k in self.target_cost:
             return self.target_cost[k]
+        if k in self.prior_cost:
+            ratios = [
+                t / self.prior_cost[j] for j, t in self.target_cost.items() if j in self.prior_cost
+            ]
+            return self.prior_cost[k] * (statistics.median(ratios) if ratios else 1.0)
         known = sorted(self.target_cost.items())
         if len(known) == 1:
             ((k0, t0),) = known

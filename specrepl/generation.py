@@ -29,6 +29,7 @@ from .kv_cache import cached_length, new_cache, rollback_to
 from .processors import GreedyProcessor, LogitsProcessor
 from .results import GenerationResult, GeneratorKind, StepEvent, StopReason
 from .verification import verify_greedy, verify_sampling
+from .widths import width_plan
 
 __all__ = [
     "ContextTooLongError",
@@ -133,6 +134,7 @@ def _run_loop(
     if drafter is not None:
         drafter.begin(sequence, vocab_size)
     policy.start()
+    _prime(policy, target)
     generated = 0
     empty = sequence.new_empty(0)
     while generated < limit:
@@ -197,6 +199,18 @@ def _run_loop(
             return stop, clock.active
     clock.pause()
     return limit_reason, clock.active
+
+
+def _prime(policy: GammaPolicy, target: PreTrainedModel) -> None:
+    """Tell a policy that can use them the target's step costs per number of drafts,
+    from its forward-width timings (a step with k drafts feeds k + 1 tokens, padded
+    to the width the plan chose)."""
+    prime = getattr(policy, "prime", None)
+    plan = width_plan(target)
+    if prime is None or plan is None:
+        return
+    widths = plan.seconds
+    prime({w - 1: widths[plan.padded.get(w, w)] for w in widths if plan.padded.get(w, w) in widths})
 
 
 def _collect(

@@ -247,3 +247,31 @@ def test_hybrid_leaves_lookup_while_its_copies_fail(target) -> None:
     assert hybrid.lookup_gain < 0.5
     hybrid.propose(sequence, 3, GreedyProcessor(), None)
     assert hybrid.last_source == "model"
+
+
+def test_auto_judges_the_target_alone_by_the_width_timings_it_was_primed_with() -> None:
+    """A CPU whose one-token step takes a cheaper kernel (58 ms) than the padded
+    wider steps (81 ms): with a third of the first drafts accepted, the target alone
+    is faster, which a line through the drafting steps' costs cannot tell."""
+    timed_before = {0: 0.058, **{k: 0.081 for k in range(1, 9)}}
+
+    def run(primed: bool) -> int:
+        policy = AutoGamma(8)
+        if primed:
+            policy.prime(timed_before)
+        for index in range(30):
+            gamma = policy.next_gamma()
+            if gamma == 0:
+                policy.observe(_event(0, 0, 0.0, 2 * 0.058))  # this run is at twice the cost
+            else:
+                policy.observe(_event(gamma, int(index % 3 == 0), gamma * 0.004, 2 * 0.081))
+        return policy.next_gamma()
+
+    assert run(primed=False) > 0  # the line puts the one-token step at 0.162 s
+    assert run(primed=True) == 0
+    policy = AutoGamma(8)
+    policy.prime(timed_before)
+    for _ in range(10):  # drafts that pay keep it drafting
+        policy.observe(_event(4, 4, draft=4 * 0.004, verify=2 * 0.081))
+    assert policy.next_gamma() >= 4
+    assert policy.verify_cost(0) == pytest.approx(2 * 0.058)
