@@ -34,6 +34,7 @@ if TYPE_CHECKING:
         TopKProcessor,
         make_processor,
     )
+    from .prompt_cache import PromptCache
     from .results import GenerationResult, StepEvent
     from .settings import Settings
 
@@ -60,6 +61,7 @@ _HOMES = {
         "TopKProcessor",
         "make_processor",
     ),
+    "prompt_cache": ("PromptCache",),
     "results": ("GenerationResult", "StepEvent"),
     "settings": ("Settings",),
 }
@@ -78,6 +80,7 @@ __all__ = [
     "ModelPair",
     "MultinomialProcessor",
     "NucleusProcessor",
+    "PromptCache",
     "Settings",
     "StepEvent",
     "TopKNucleusProcessor",

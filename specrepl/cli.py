@@ -3,9 +3,9 @@
 Reads the config (`configs/default.toml` or `--config`), lets flags override
 it, loads the model pair and then either opens the REPL or, with `--prompt`,
 answers one prompt and exits (`--json` for one JSON object on stdout).
-Subcommands (`bench`, `cache`, `distill`, `soak`) register a `Subcommand` in `SUBCOMMANDS` and
-reuse `add_model_options`, `add_setting_options`, `app_config` and
-`load_models`.
+Subcommands (`bench`, `cache`, `distill`, `replay`, `soak`) register a
+`Subcommand` in `SUBCOMMANDS` and reuse `add_model_options`,
+`add_setting_options`, `app_config` and `load_models`.
 
 Exit statuses: 0; 1 (a model failed to load, a refusal, a failed soak); 2 (a
 bad flag or config); 130 (Ctrl-C, at any stage: a short message, no
@@ -24,11 +24,13 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
-from . import bench, disk_cache, distill, repl, soak
+from . import bench, chat_replay, disk_cache, distill, repl, soak
+from .atomic import write_text_atomically
 from .commands import parse_integer, parse_number
 from .compatibility import IncompatibleTokenizersError
 from .config import (
@@ -86,9 +88,14 @@ REPORT_WIDTH = 160
 width is used, and so is $COLUMNS): wide enough that no table is folded."""
 
 
+def _report_console() -> Console:
+    """stdout for a report: as wide as the terminal, or `REPORT_WIDTH` into a file or pipe."""
+    fits = sys.stdout.isatty() or "COLUMNS" in os.environ
+    return Console(highlight=False, width=None if fits else REPORT_WIDTH)
+
+
 def _run_bench(args: argparse.Namespace) -> int:
-    folded = sys.stdout.isatty() or "COLUMNS" in os.environ
-    return bench.run(args, Console(highlight=False, width=None if folded else REPORT_WIDTH))
+    return bench.run(args, _report_console())
 
 
 def _run_soak(args: argparse.Namespace) -> int:
@@ -149,6 +156,37 @@ def _run_soak(args: argparse.Namespace) -> int:
     return EXIT_FAILED if result.mismatches or grew_too_much else EXIT_OK
 
 
+def _run_replay(args: argparse.Namespace) -> int:
+    """`python infer.py replay`: a scripted chat, caches kept and dropped; see chat_replay.py."""
+    renderer = Renderer(_report_console(), status_console=Console(stderr=True))
+    try:
+        turns = chat_replay.load_turns(args.chat_file)
+    except (OSError, ValueError) as error:
+        renderer.fatal(f"replay: {error}")
+        return EXIT_USAGE
+    started = _start(args, renderer)
+    if isinstance(started, int):
+        return started
+    _, kept = started
+    dropped = ChatSession(kept.pair, kept.settings)
+    try:
+        renderer.loaded(kept.pair, kept.head_summary())
+        with renderer.progress("replay", len(turns)) as advance:
+            result = chat_replay.replay(kept, dropped, turns, on_turn=advance)
+        renderer.replay_report(result)
+    except KeyboardInterrupt:
+        return _interrupted(renderer, "Interrupted.")
+    if args.json_out:
+        payload = {"config": {**kept.settings.as_dict(), "chat_file": str(args.chat_file)},
+                   "result": result.to_dict()}  # fmt: skip
+        try:
+            write_text_atomically(Path(args.json_out), json.dumps(payload, indent=1) + "\n")
+        except OSError as error:
+            renderer.fatal(f"--json: cannot write {args.json_out}: {error}")
+            return EXIT_FAILED
+    return EXIT_FAILED if result.mismatched_turns or result.refusal else EXIT_OK
+
+
 def _run_distill(args: argparse.Namespace) -> int:
     """`python infer.py distill`: train a draft head for the target; see distill.py."""
     renderer = Renderer(Console(highlight=False), status_console=Console(stderr=True))
@@ -206,6 +244,12 @@ SUBCOMMANDS: list[Subcommand] = [
         "train a draft head for the target from its own answers (distill --help)",
         distill.add_arguments,
         _run_distill,
+    ),
+    Subcommand(
+        "replay",
+        "play a scripted chat with caches kept and dropped between turns (replay --help)",
+        chat_replay.add_arguments,
+        _run_replay,
     ),
     Subcommand(
         "soak",

@@ -115,6 +115,8 @@ class ShowSettings:
 
     settings: Settings
     names: tuple[str, ...]
+    kept: Mapping[str, int] | None = None
+    """For `/config`: the tokens each generator's cache kept from the last turn."""
 
 
 @dataclass(frozen=True)
@@ -665,7 +667,7 @@ def _clear(session: ChatSession, values: Mapping[str, Any]) -> CommandResult:
 
 @REGISTRY.command("config", aliases=("settings",), help="show every setting")
 def _config(session: ChatSession, values: Mapping[str, Any]) -> CommandResult:
-    return ShowSettings(session.settings, tuple(Settings.names()))
+    return ShowSettings(session.settings, tuple(Settings.names()), session.kept_caches())
 
 
 @REGISTRY.command("models", help="show the loaded target and drafter")

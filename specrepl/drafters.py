@@ -13,12 +13,13 @@ from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 import torch
-from transformers import PreTrainedModel
+from transformers import DynamicCache, PreTrainedModel
 
 from .draft_head import DraftHead, HeadCache
 from .forward import context_length, forward_logits, logits_width, model_device
 from .kv_cache import cached_length, new_cache, rollback_to
 from .processors import LogitsProcessor
+from .prompt_cache import common_prefix
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,13 @@ class Drafter(Protocol):
     (default False), which asks the loop to pass the target's final hidden
     states to `update` as `target_features` (they cost nothing to keep, but
     only a drafter that reads them gets them).
+
+    A drafter that keeps state from one generation to the next (a chat) may
+    also have `forget()`, called when a generation is interrupted or fails (its
+    state may hold half a step), and, if it reads the target's features,
+    `features_held()`: after `begin`, how many leading positions of the prompt
+    it already holds features for (the target then re-uses at most that many
+    from a kept cache, see `PromptCache`).
     """
 
     name: str
@@ -91,6 +99,7 @@ class ModelDrafter:
         use_cache: bool = True,
         name: str = "model",
         window: int | None = None,
+        keep_between_prompts: bool = False,
     ) -> None:
         if window is not None and window < 1:
             raise ValueError(f"window must be >= 1 or None, got {window}")
@@ -103,16 +112,34 @@ class ModelDrafter:
         self.width = logits_width(model)
         self.context = context_length(model)
         self.vocab_size = self.width
-        self.cache = None
+        self.keep_between_prompts = keep_between_prompts
+        self.cache: DynamicCache | None = None
         self.offset = 0
+        self._seen: torch.Tensor | None = None  # the sequence the cache holds a prefix of
 
     def begin(self, prompt: torch.Tensor, vocab_size: int) -> None:
         """A `window` lets the drafter read only the prompt's last `window`
         tokens: a long prompt then costs the drafter a short prefill (the
-        target still reads all of it, so the output does not change)."""
+        target still reads all of it, so the output does not change).
+
+        With `keep_between_prompts` (and no window), the cache of the last
+        generation is cropped to what the new prompt shares with it."""
         self.vocab_size = vocab_size
-        self.cache = new_cache(self.model) if self.use_cache else None
-        self.offset = 0 if self.window is None else max(0, prompt.shape[0] - self.window)
+        offset = 0 if self.window is None else max(0, prompt.shape[0] - self.window)
+        kept = 0
+        reusable = self.cache is not None and self._seen is not None and offset == self.offset == 0
+        if self.keep_between_prompts and reusable:
+            held = self._seen[: cached_length(self.cache)]
+            kept = min(common_prefix(held, prompt.tolist()), prompt.shape[0] - 1)
+        if kept > 0:
+            rollback_to(self.cache, kept)
+        else:
+            self.cache = new_cache(self.model) if self.use_cache else None
+        self.offset = offset
+        self._seen = None
+
+    def forget(self) -> None:
+        self.cache, self._seen = None, None
 
     def propose(
         self,
@@ -158,6 +185,7 @@ class ModelDrafter:
         target_features: torch.Tensor | None = None,
     ) -> None:
         rollback_to(self.cache, min(cached_length(self.cache), valid_length - self.offset))
+        self._seen = sequence
 
 
 class HeadDrafter:
@@ -172,21 +200,46 @@ class HeadDrafter:
     draft vocabulary, zero elsewhere.
     """
 
-    def __init__(self, head: DraftHead, *, name: str = "head") -> None:
+    def __init__(
+        self, head: DraftHead, *, name: str = "head", keep_between_prompts: bool = False
+    ) -> None:
         self.head = head
         self.name = name
         self.width = None
         self.uses_target_features = True
+        self.keep_between_prompts = keep_between_prompts
         self.vocab_size = 0
         self.cache = HeadCache()
         self.real = 0  # positions in the cache read with the target's features
         self.pending: torch.Tensor | None = None  # features not yet read, from position `real`
+        self._seen: torch.Tensor | None = None  # the sequence those positions belong to
 
     def begin(self, prompt: torch.Tensor, vocab_size: int) -> None:
+        """With `keep_between_prompts`, what the last generation read is cropped
+        to what the new prompt shares with it; else the head starts empty."""
         self.vocab_size = vocab_size
+        held = 0
+        if self.keep_between_prompts and self._seen is not None:
+            held = min(common_prefix(self._seen, prompt.tolist()), self.features_held())
+        if held == 0:
+            self.cache = HeadCache()
+            self.real = 0
+        elif held < self.real:
+            self.real = held
+            self.cache.rollback_to(held)
+        if self.pending is not None and held > self.real:
+            self.pending = self.pending[: held - self.real]
+        else:
+            self.pending = None
+        self._seen = None
+
+    def features_held(self) -> int:
+        """Leading positions of the sequence the head has the target's features for."""
+        return self.real + (0 if self.pending is None else self.pending.shape[0])
+
+    def forget(self) -> None:
         self.cache = HeadCache()
-        self.real = 0
-        self.pending = None
+        self.real, self.pending, self._seen = 0, None, None
 
     @torch.no_grad()
     def propose(
@@ -197,7 +250,8 @@ class HeadDrafter:
         generator: torch.Generator | None,
         min_confidence: float = 0.0,
     ) -> Draft:
-        if self.pending is None or k <= 0:
+        if self.pending is None or k <= 0 or self.features_held() != sequence.shape[0] - 1:
+            # nothing to draft from before the target's first pass of a generation
             return Draft(sequence.new_empty(0), None)
         head = self.head
         device = head.token_ids.device
@@ -259,6 +313,7 @@ class HeadDrafter:
         self.pending = fresh if kept is None or kept.shape[0] == 0 else torch.cat((kept, fresh))
         if self.pending.shape[0] == 0:
             self.pending = None
+        self._seen = sequence
 
 
 def as_drafter(drafter: Drafter | PreTrainedModel, *, use_cache: bool = True) -> Drafter:
@@ -475,6 +530,12 @@ class HybridDrafter:
         self.lookup_gain = self.model_gain = 2.0
         self.last_source = "none"
 
+    def features_held(self) -> int:
+        return self.model.features_held() if isinstance(self.model, HeadDrafter) else 0
+
+    def forget(self) -> None:
+        self.model.forget()
+
     def propose(
         self,
         sequence: torch.Tensor,
@@ -553,11 +614,14 @@ def build_drafter(
     *,
     head: DraftHead | None = None,
     use_cache: bool = True,
+    keep_between_prompts: bool = False,
 ) -> Drafter:
     """The drafter `options` describe; `model` is the drafter model, needed by
     the `model` kind and by `hybrid` without a head; `head` the loaded draft
-    head, needed by the `head` kind and by `hybrid` with one. Raises
-    ValueError for an unknown kind or a missing model or head."""
+    head, needed by the `head` kind and by `hybrid` with one.
+    `keep_between_prompts`: a model or head drafter keeps its cache from one
+    generation to the next (a chat). Raises ValueError for an unknown kind or
+    a missing model or head."""
     if options.kind == "ngram":
         return NgramDrafter(
             options.ngram_order,
@@ -574,13 +638,18 @@ def build_drafter(
     if options.needs_head:
         if head is None:
             raise ValueError(f"the {options.kind} drafter needs a draft head, and none is loaded")
-        inner = HeadDrafter(head)
+        inner = HeadDrafter(head, keep_between_prompts=keep_between_prompts)
     else:
         if model is None:
             raise ValueError(
                 f"the {options.kind} drafter needs a drafter model, and none is loaded"
             )
-        inner = ModelDrafter(model, use_cache=use_cache, window=options.window)
+        inner = ModelDrafter(
+            model,
+            use_cache=use_cache,
+            window=options.window,
+            keep_between_prompts=keep_between_prompts,
+        )
     if options.kind == "hybrid":
         # a head's drafts cost next to nothing beside the verification they share with a
         # lookup step, so lookup must promise as many tokens to be chosen (cost_ratio 1)

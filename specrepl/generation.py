@@ -17,16 +17,17 @@ This module never prints and knows nothing about chat templates.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator
 
 import torch
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 from .drafters import Draft, Drafter, as_drafter
 from .forward import context_length, forward_pass, logits_width, model_device
 from .gamma import FixedGamma, GammaPolicy
 from .kv_cache import cached_length, new_cache, rollback_to
 from .processors import GreedyProcessor, LogitsProcessor
+from .prompt_cache import PromptCache
 from .results import GenerationResult, GeneratorKind, StepEvent, StopReason
 from .verification import verify_greedy, verify_sampling
 from .widths import width_plan
@@ -109,8 +110,10 @@ def _run_loop(
     use_cache: bool,
     generator: torch.Generator | None,
     vocab_size: int | None,
+    prompt_cache: PromptCache | None = None,
 ) -> Iterator[StepEvent]:
-    """The decoding loop; returns (via StopIteration) the stop reason and active seconds."""
+    """The decoding loop; returns (via StopIteration) the stop reason, the active
+    seconds and how many prompt tokens a kept cache spared the target."""
     policy = FixedGamma(gamma) if isinstance(gamma, int) else gamma
     if max_gen_len < 1:
         raise ValueError(f"max_gen_len must be >= 1, got {max_gen_len}")
@@ -122,17 +125,72 @@ def _run_loop(
         width = getattr(drafter, "width", None)
         if width is not None:
             vocab_size = min(vocab_size, width)
-    end_tokens = _end_tokens(eos_tokens_id)
-    wants_features = bool(getattr(drafter, "uses_target_features", False))
     limit = max_gen_len if context is None else min(max_gen_len, context - len(inputs))
     limit_reason: StopReason = "length" if limit == max_gen_len else "context"
 
     clock = _Clock(device)
     clock.resume()
     sequence = torch.tensor(inputs, dtype=torch.long, device=device)
-    cache = new_cache(target) if use_cache else None
-    if drafter is not None:
-        drafter.begin(sequence, vocab_size)
+    try:
+        if drafter is not None:
+            drafter.begin(sequence, vocab_size)
+        cache, reused = _target_cache(target, inputs, drafter, use_cache, prompt_cache)
+        steps = _steps(
+            sequence, target, drafter, cache, policy, clock,
+            logits_processor=logits_processor, limit=limit, end_tokens=_end_tokens(eos_tokens_id),
+            generator=generator, vocab_size=vocab_size,
+        )  # fmt: skip
+        stop, sequence = yield from steps
+    except BaseException:  # interrupted or failed: what the caches hold may be half a step
+        forget = getattr(drafter, "forget", None)
+        if forget is not None:
+            forget()
+        raise
+    if prompt_cache is not None and cache is not None:
+        prompt_cache.keep(target, cache, sequence)
+    clock.pause()
+    return stop or limit_reason, clock.active, reused
+
+
+def _target_cache(
+    target: PreTrainedModel,
+    inputs: list[int],
+    drafter: Drafter | None,
+    use_cache: bool,
+    prompt_cache: PromptCache | None,
+) -> tuple[DynamicCache | None, int]:
+    """The target's cache for this run and how many prompt tokens it already holds.
+
+    A drafter that reads the target's features needs them at every position the
+    target feeds, so the target re-uses no more than the drafter kept."""
+    if not use_cache:
+        return None, 0
+    if prompt_cache is None:
+        return new_cache(target), 0
+    at_most = None
+    if getattr(drafter, "uses_target_features", False):
+        held = getattr(drafter, "features_held", None)
+        at_most = 0 if held is None else held()
+    return prompt_cache.take(target, inputs, at_most)
+
+
+def _steps(
+    sequence: torch.Tensor,
+    target: PreTrainedModel,
+    drafter: Drafter | None,
+    cache: DynamicCache | None,
+    policy: GammaPolicy,
+    clock: _Clock,
+    *,
+    logits_processor: LogitsProcessor,
+    limit: int,
+    end_tokens: frozenset[int],
+    generator: torch.Generator | None,
+    vocab_size: int,
+) -> Generator[StepEvent, None, tuple[StopReason | None, torch.Tensor]]:
+    """Draft, verify, keep, until `limit` new tokens or an end token; returns the
+    end token's stop reason (None at the limit) and the final sequence."""
+    wants_features = bool(getattr(drafter, "uses_target_features", False))
     policy.start()
     _prime(policy, target)
     generated = 0
@@ -157,14 +215,7 @@ def _run_loop(
             target, candidate, cache, k + 1, vocab_size, features=wants_features
         )
         verified_at = clock.now()
-        if logits_processor.is_greedy:
-            accepted, token = verify_greedy(draft.tokens, logits)
-        else:
-            target_probs = logits_processor.probabilities(logits)
-            draft_probs = draft.probs
-            if draft_probs is None:  # a deterministic drafter: a point mass q
-                draft_probs = torch.nn.functional.one_hot(draft.tokens, vocab_size).float()
-            accepted, token = verify_sampling(draft.tokens, draft_probs, target_probs, generator)
+        accepted, token = _verify(draft, logits, logits_processor, generator, vocab_size)
         appended = [*draft.tokens[:accepted].tolist(), token]
         stop: StopReason | None = None
         for index, appended_token in enumerate(appended):
@@ -195,10 +246,25 @@ def _run_loop(
         yield event
         clock.resume()
         if stop is not None:
-            clock.pause()
-            return stop, clock.active
-    clock.pause()
-    return limit_reason, clock.active
+            return stop, sequence
+    return None, sequence
+
+
+def _verify(
+    draft: Draft,
+    logits: torch.Tensor,
+    processor: LogitsProcessor,
+    generator: torch.Generator | None,
+    vocab_size: int,
+) -> tuple[int, int]:
+    """How many drafts the target keeps and the token it adds after them."""
+    if processor.is_greedy:
+        return verify_greedy(draft.tokens, logits)
+    target_probs = processor.probabilities(logits)
+    draft_probs = draft.probs
+    if draft_probs is None:  # a deterministic drafter: a point mass q
+        draft_probs = torch.nn.functional.one_hot(draft.tokens, vocab_size).float()
+    return verify_sampling(draft.tokens, draft_probs, target_probs, generator)
 
 
 def _prime(policy: GammaPolicy, target: PreTrainedModel) -> None:
@@ -227,7 +293,7 @@ def _collect(
             try:
                 event = next(steps)
             except StopIteration as finished:
-                result.stop_reason, result.seconds = finished.value
+                result.stop_reason, result.seconds, result.reused_prompt_tokens = finished.value
                 break
             result.record(event)
             last_seen = event.seconds_since_start
@@ -257,6 +323,7 @@ def stream_speculative(
     use_cache: bool = True,
     generator: torch.Generator | None = None,
     vocab_size: int | None = None,
+    prompt_cache: PromptCache | None = None,
 ) -> Iterator[StepEvent]:
     """Speculative decoding as an iterator of steps (see `speculative_generate`)."""
     return _run_loop(
@@ -270,6 +337,7 @@ def stream_speculative(
         use_cache=use_cache,
         generator=generator,
         vocab_size=vocab_size,
+        prompt_cache=prompt_cache,
     )
 
 
@@ -283,6 +351,7 @@ def stream_autoregressive(
     use_cache: bool = True,
     generator: torch.Generator | None = None,
     vocab_size: int | None = None,
+    prompt_cache: PromptCache | None = None,
 ) -> Iterator[StepEvent]:
     """Plain decoding with one model, one token per step, as an iterator of steps."""
     return _run_loop(
@@ -296,6 +365,7 @@ def stream_autoregressive(
         use_cache=use_cache,
         generator=generator,
         vocab_size=vocab_size,
+        prompt_cache=prompt_cache,
     )
 
 
@@ -313,6 +383,7 @@ def speculative_generate(
     vocab_size: int | None = None,
     tokenizer: PreTrainedTokenizerBase | None = None,
     on_step: StepCallback | None = None,
+    prompt_cache: PromptCache | None = None,
 ) -> GenerationResult:
     """Generate up to `max_gen_len` new tokens after `inputs` with speculative decoding.
 
@@ -324,6 +395,11 @@ def speculative_generate(
     any token in `eos_tokens_id` (included in the output). `on_step` sees each
     `StepEvent` as it happens. Ctrl-C raises `GenerationInterrupted` carrying
     the partial result.
+
+    `prompt_cache` (a `PromptCache` kept by the caller) carries the target's
+    cache from one call to the next: the prompt tokens it already holds are not
+    fed again (a chat). The drafter keeps its own state when it was built to
+    (`keep_between_prompts`).
     """
     steps = stream_speculative(
         inputs,
@@ -336,6 +412,7 @@ def speculative_generate(
         use_cache=use_cache,
         generator=generator,
         vocab_size=vocab_size,
+        prompt_cache=prompt_cache,
     )
     return _collect("speculative", inputs, steps, tokenizer, on_step)
 
@@ -352,8 +429,12 @@ def autoregressive_generate(
     vocab_size: int | None = None,
     tokenizer: PreTrainedTokenizerBase | None = None,
     on_step: StepCallback | None = None,
+    prompt_cache: PromptCache | None = None,
 ) -> GenerationResult:
-    """Generate with `model` alone, one token per forward pass (the reference output)."""
+    """Generate with `model` alone, one token per forward pass (the reference output).
+
+    `prompt_cache` carries the model's cache from one call to the next (see
+    `speculative_generate`)."""
     steps = stream_autoregressive(
         inputs,
         model,
@@ -363,5 +444,6 @@ def autoregressive_generate(
         use_cache=use_cache,
         generator=generator,
         vocab_size=vocab_size,
+        prompt_cache=prompt_cache,
     )
     return _collect("autoregressive", inputs, steps, tokenizer, on_step)

@@ -54,6 +54,7 @@ from .session import GENERATORS, Answer, Run, RunFinished, RunStarted, RunStep, 
 from .settings import Settings
 
 if TYPE_CHECKING:
+    from .chat_replay import ReplayResult, TurnFigures
     from .distill_data import DataProgress
     from .distill_train import TrainProgress
     from .models import LoadedModel, ModelPair
@@ -72,11 +73,13 @@ ACCEPTED_STYLE = "green"
 REJECTED_STYLE = "red strike"
 TARGET_STYLE = "bold blue"
 REFRESH_SECONDS = 1 / 15
-SUMMARY_COLUMNS = ("tokens", "secs", "tok/s", "TTFT", "accept", "tok/step", "speedup")
+SUMMARY_COLUMNS = ("tokens", "fed", "secs", "tok/s", "TTFT", "accept", "tok/step", "speedup")
 SUMMARY_LEGEND = (
-    "In the summary after each answer: tokens are new tokens; TTFT is the time to the first "
-    "token; accept is accepted drafts / drafted tokens; tok/step is tokens per target "
-    "forward pass; speedup is tokens/s over the target-only run."
+    "In the summary after each answer: tokens are new tokens; fed is the prompt tokens the "
+    "model read for this answer out of the prompt's length (the rest it kept from the last "
+    "turn); TTFT is the time to the first token; accept is accepted drafts / drafted "
+    "tokens; tok/step is tokens per target forward pass; speedup is tokens/s over the "
+    "target-only run."
 )
 BAR_WIDTH = 30
 MISMATCHES_SHOWN = 10
@@ -383,6 +386,13 @@ class Renderer:
                 Text(Settings.help(name)),
             )
         self.console.print(table)
+        if result.kept is not None:
+            kept = ", ".join(f"{name} {tokens}" for name, tokens in result.kept.items() if tokens)
+            self.console.print(
+                f"Caches kept from the last turn (tokens): {kept}" if kept
+                else "No cache is kept from the last turn: the next prompt is read whole.",
+                style="dim",
+            )  # fmt: skip
 
     @show.register
     def _(self, result: ShowModels) -> None:
@@ -503,6 +513,7 @@ class Renderer:
             table.add_row(
                 label,
                 str(result.new_tokens),
+                f"{result.prompt_tokens - result.reused_prompt_tokens}/{result.prompt_tokens}",
                 _number(result.seconds if result.steps else None, ".2f"),
                 _number(result.tokens_per_second, ".1f"),
                 _number(None if ttft is None else ttft * 1000, ".0f", " ms"),
@@ -705,6 +716,51 @@ class Renderer:
                 f"OK: no mismatches; RSS grew {_signed_bytes(result.growth)} after the warm-up.",
                 style="bold green",
             )
+
+    def replay_report(self, result: ReplayResult) -> None:
+        """Per turn: prompt tokens, and per session and generator the tokens fed,
+        TTFT and tok/s; then how the first-token time grew from the first turn."""
+        generators = list(dict.fromkeys(f.generator for f in result.figures))
+        rows: dict[tuple[int, str, str], TurnFigures] = {
+            (f.turn, f.mode, f.generator): f for f in result.figures
+        }
+        table = _table("a scripted chat: caches kept between turns vs dropped")
+        table.add_column("turn", justify="right")
+        table.add_column("prompt", justify="right")
+        for mode in ("kept", "dropped"):
+            for name in generators:
+                table.add_column(f"{mode}: {name} fed · TTFT · tok/s", justify="right")
+        for turn in range(result.turns):
+            cells = []
+            for mode in ("kept", "dropped"):
+                for name in generators:
+                    f = rows.get((turn, mode, name))
+                    if f is None:
+                        cells.append(DASH)
+                        continue
+                    ttft = DASH if f.time_to_first_token is None else (
+                        f"{f.time_to_first_token * 1e3:.0f} ms"
+                    )
+                    rate = _number(f.tokens_per_second, ".1f")
+                    cells.append(f"{f.fed} · {ttft} · {rate}")
+            prompt = next(
+                (str(f.prompt_tokens) for key, f in rows.items() if key[0] == turn), DASH
+            )
+            table.add_row(str(turn + 1), prompt, *cells)
+        self.console.print(table)
+        for name in generators:
+            kept, dropped = (result.first_token_growth(mode, name) for mode in ("kept", "dropped"))
+            self.console.print(
+                f"{name}: time to first token, last turn over first: caches kept "
+                f"{_number(kept, '.2f', '×')}, dropped {_number(dropped, '.2f', '×')}"
+            )
+        if result.mismatched_turns:
+            turns = ", ".join(str(turn + 1) for turn in result.mismatched_turns)
+            self.error(f"the two sessions gave different tokens in turns {turns}")
+        elif result.turns:
+            self.console.print("Both sessions gave the same tokens in every turn.", style="green")
+        if result.refusal is not None:
+            self.error(f"stopped after {result.turns} turns: {result.refusal}")
 
     # -- models ------------------------------------------------------------
 

@@ -54,6 +54,8 @@ class GenerationResult:
     kind: GeneratorKind
     prompt_tokens: int
     token_ids: list[int] = field(default_factory=list)
+    reused_prompt_tokens: int = 0
+    """Prompt tokens a kept cache already held (`PromptCache`): not fed again."""
     text: str | None = None
     seconds: float = 0.0
     time_to_first_token: float | None = None
@@ -134,6 +136,7 @@ class GenerationResult:
             "text": self.text,
             "token_ids": list(self.token_ids),
             "prompt_tokens": self.prompt_tokens,
+            "reused_prompt_tokens": self.reused_prompt_tokens,
             "new_tokens": self.new_tokens,
             "seconds": self.seconds,
             "tokens_per_second": self.tokens_per_second,

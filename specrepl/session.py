@@ -39,6 +39,7 @@ from .generation import (
 )
 from .gguf_cache import cache_root
 from .processors import UnusableLogitsError
+from .prompt_cache import PromptCache
 from .prompting import PromptEncodingError, chat_prompt_ids, clean_prompt, text_prompt_ids
 from .results import GenerationResult, StepEvent
 from .settings import SettingError, Settings
@@ -78,6 +79,9 @@ GENERATORS: dict[GeneratorName, str] = {
     "target": "target_gen",
     "drafter": "drafter_gen",
 }
+CACHE_SETTINGS = ("use_cache", "chat", "system_prompt")
+"""Settings whose change drops the caches kept between turns (a change of drafter
+starts its own; see `ChatSession._drafter`)."""
 
 
 @dataclass(frozen=True)
@@ -247,6 +251,12 @@ class ChatSession:
         self._check_head(settings)
         self.settings = settings
         self._ngram: NgramDrafter | None = None
+        # kept from turn to turn (a chat does not re-read its history): each generator's
+        # target (or drafter) cache, and the drafter with its own cache
+        self._caches: dict[GeneratorName, PromptCache] = {
+            name: PromptCache() for name in GENERATORS
+        }
+        self._kept_drafter: tuple[tuple[Any, ...], Drafter] | None = None
 
     # -- state -------------------------------------------------------------
 
@@ -276,6 +286,8 @@ class ChatSession:
             raise SettingError(str(error)) from None
         old = self.settings
         self.settings = updated
+        if any(getattr(old, name) != getattr(updated, name) for name in CACHE_SETTINGS):
+            self.drop_caches()
         return [Change(name, getattr(old, name), getattr(updated, name)) for name in changes]
 
     def reset(self) -> int:
@@ -283,7 +295,18 @@ class ChatSession:
         turns = len(self.history)
         self.history = []
         self._ngram = None  # counts kept between prompts belong to the history
+        self.drop_caches()
         return turns
+
+    def drop_caches(self) -> None:
+        """Forget the caches kept between turns: the next turn reads its whole prompt."""
+        for cache in self._caches.values():
+            cache.drop()
+        self._kept_drafter = None
+
+    def kept_caches(self) -> dict[GeneratorName, int]:
+        """How many tokens each generator's kept cache holds (0: none kept)."""
+        return {name: cache.held for name, cache in self._caches.items()}
 
     def enabled_generators(self) -> list[GeneratorName]:
         return [name for name, setting in GENERATORS.items() if getattr(self.settings, setting)]
@@ -319,6 +342,7 @@ class ChatSession:
         settings = self.settings
         if self.pair.device.type == "cpu":
             self.tune_widths(retime=retime_widths)
+        self.drop_caches()
         ids = self.prompt_ids(prompt)
         common: dict[str, Any] = {
             "eos_tokens_id": self.pair.eos_token_ids,
@@ -337,6 +361,7 @@ class ChatSession:
                 max_gen_len=settings.gamma + 2,
                 **common,
             )
+        self.drop_caches()  # the warm-up's prompt is no turn of the chat
 
     def answer(self, prompt: str, on_event: EventCallback | None = None) -> Answer:
         """Run every enabled generator on `prompt`; never raises for a bad prompt.
@@ -386,9 +411,17 @@ class ChatSession:
             return answer
         has_history = answer.mode == "chat" and bool(self.history)
         hint = " Use /reset to clear the chat history." if has_history else ""
-        answer.refusal = self._too_long(ids, generators, hint)
-        if answer.refusal is not None:
+        fitted, history, notice = ids, self.history, None
+        if has_history:
+            fitted, history, notice = self._fit_history(prompt, ids, generators, settings)
+        if self._too_long(fitted, generators, hint) is not None:
+            # too long even without the history: the refusal names the prompt as sent
+            answer.refusal = self._too_long(ids, generators, hint)
             return answer
+        if notice is not None:
+            self.history, ids = history, fitted
+            answer.notices.append(notice)
+            answer.prompt_tokens = len(ids)
         for generator in generators:
             out_of_memory = False
             try:
@@ -422,6 +455,42 @@ class ChatSession:
                 [{"role": "user", "content": prompt}, {"role": "assistant", "content": reply.text}]
             )
         return answer
+
+    def _context(self, generators: list[GeneratorName]) -> int | None:
+        """The smallest context of the models the generators run."""
+        contexts = [
+            context_length(self._drafter_model() if name == "drafter" else self.pair.target.model)
+            for name in generators
+        ]
+        known = [context for context in contexts if context is not None]
+        return min(known) if known else None
+
+    def _fit_history(
+        self, prompt: str, ids: list[int], generators: list[GeneratorName], settings: Settings
+    ) -> tuple[list[int], list[Message], str | None]:
+        """A chat too long to leave `max_new_tokens` of room in the context drops its
+        oldest turns (user and assistant together) until it fits; returns the prompt
+        ids, the history and a notice (None when nothing was dropped)."""
+        context = self._context(generators)
+        if context is None or len(ids) + settings.max_new_tokens <= context:
+            return ids, self.history, None
+        history = self.history
+        dropped = 0
+        while history and len(ids) + settings.max_new_tokens > context:
+            history = history[2:]
+            dropped += 1
+            system = settings.system_prompt
+            head: list[Message] = [{"role": "system", "content": system}] if system else []
+            ids = chat_prompt_ids(
+                self.tokenizer, [*head, *history, {"role": "user", "content": prompt}]
+            )
+        turns = f"turn{'s' if dropped != 1 else ''}"
+        notice = (
+            f"the chat no longer leaves room for {settings.max_new_tokens} new tokens in the "
+            f"{context}-token context: its oldest {dropped} {turns} were dropped ({len(ids)} "
+            "prompt tokens now; /reset clears the rest)"
+        )
+        return ids, history, notice
 
     def _too_long(self, ids: list[int], generators: list[GeneratorName], hint: str) -> str | None:
         """The refusal for a prompt that leaves a generator's model no room, else None."""
@@ -459,6 +528,7 @@ class ChatSession:
             "generator": torch.Generator(device=self.pair.device).manual_seed(settings.seed),
             "vocab_size": self.pair.vocab_size,
             "on_step": on_step,
+            "prompt_cache": self._caches[generator] if settings.use_cache else None,
         }
         try:
             if generator == "speculative":
@@ -502,7 +572,18 @@ class ChatSession:
         model = self._drafter_model() if options.needs_model else None
         loaded = self.head(settings) if options.needs_head else None
         head = None if loaded is None else loaded[0]
-        return build_drafter(options, model, head=head, use_cache=settings.use_cache)
+        # kept with its cache while the drafter stays the same (a chat); another one
+        # starts empty, and so does the speculative run's target cache
+        key = (options, settings.use_cache, id(model), id(head))
+        if self._kept_drafter is not None and self._kept_drafter[0] == key:
+            return self._kept_drafter[1]
+        drafter = build_drafter(
+            options, model, head=head, use_cache=settings.use_cache,
+            keep_between_prompts=settings.use_cache,
+        )  # fmt: skip
+        self._caches["speculative"].drop()
+        self._kept_drafter = (key, drafter)
+        return drafter
 
     def _check_head(self, settings: Settings) -> None:
         """Load the draft head the settings ask for, if any (HeadLoadError if it

@@ -383,3 +383,26 @@ def test_the_launcher_starts_before_torch_and_the_package_names_load_on_use() ->
     probe = "import sys, specrepl.launcher; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"  # Ctrl-C during `import torch` is the launcher's
+
+
+def test_replay_plays_a_chat_with_caches_kept_and_dropped(
+    config_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    chat_file = tmp_path / "chat.txt"
+    chat_file.write_text("w7 w8 w9\nw10 w11\nw12 w13 w14\nw5 w6\n")
+    out = tmp_path / "replay.json"
+    argv = ["--config", str(config_file), "replay", str(chat_file), "--json", str(out)]
+    code, text, _ = run_main(argv, capsys)
+    assert code == 0, text
+    assert "Both sessions gave the same tokens in every turn." in text
+    result = json.loads(out.read_text())["result"]
+    assert result["turns"] == 4 and result["mismatched_turns"] == []
+    figures = result["figures"]
+    assert {f["generator"] for f in figures} == {"speculative", "target"}
+    for f in figures:
+        if f["mode"] == "dropped" or f["turn"] == 0:
+            assert f["fed"] == f["prompt_tokens"]
+        else:
+            assert f["fed"] < f["prompt_tokens"] // 2
+    missing = ["--config", str(config_file), "replay", str(tmp_path / "missing.txt")]
+    assert run_main(missing, capsys)[0] == 2

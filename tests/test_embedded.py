@@ -145,3 +145,39 @@ def test_shipped_head_reaches_its_stated_acceptance(embedded_pair, shipped_head)
         first_tried += result.drafted_per_position[0]
         first_taken += result.accepted_per_position[0]
     assert first_taken / first_tried >= SHIPPED_HEAD_FIRST_DRAFT_ACCEPTANCE
+
+
+# -- a chat that keeps its caches (the embedded pair) ----------------------------------
+
+CHAT_TURNS = (
+    "My name is Ada and I keep bees.",
+    "What do bees need in winter?",
+    "How many hives should a beginner start with?",
+    "What is my name?",
+    "Name two flowers bees like.",
+    "Why is honey sweet?",
+    "Write one sentence about bees.",
+    "How long do worker bees live?",
+    "What do I keep?",
+    "Thank you, goodbye.",
+)
+
+
+@pytest.mark.parametrize("kind", ["hybrid", "head"])
+def test_ten_chat_turns_with_kept_caches_equal_a_recomputed_chat(embedded_pair, kind) -> None:
+    from specrepl.session import ChatSession
+    from specrepl.settings import Settings
+
+    settings = Settings(max_new_tokens=16, drafter_kind=kind, drafter_head="embedded")
+    if kind == "hybrid":
+        settings = settings.updated(drafter_head=None)
+    kept = ChatSession(embedded_pair, settings)
+    for turn, prompt in enumerate(CHAT_TURNS):
+        fresh = ChatSession(embedded_pair, settings)
+        fresh.history = [dict(message) for message in kept.history]
+        expected = fresh.answer(prompt)
+        answer = kept.answer(prompt)
+        for name, run in answer.runs.items():
+            assert run.result.token_ids == expected.runs[name].result.token_ids, (turn, name)
+            if turn:
+                assert run.result.reused_prompt_tokens > run.result.prompt_tokens // 2
