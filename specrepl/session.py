@@ -573,14 +573,18 @@ class ChatSession:
         loaded = self.head(settings) if options.needs_head else None
         head = None if loaded is None else loaded[0]
         # kept with its cache while the drafter stays the same (a chat); another one
-        # starts empty, and so does the speculative run's target cache
-        key = (options, settings.use_cache, id(model), id(head))
+        # starts empty, and so does the speculative run's target cache. When sampling,
+        # the drafter reads the prompt afresh each turn: a bf16 drafter's cache filled
+        # token by token rounds differently from one filled at once, and a sampled
+        # draft (unlike a greedy one) follows every change of its q, so a seeded
+        # answer would no longer repeat a fresh session's token for token
+        keep = settings.use_cache and settings.logits_processor().is_greedy
+        key = (options, settings.use_cache, keep, id(model), id(head))
         if self._kept_drafter is not None and self._kept_drafter[0] == key:
             return self._kept_drafter[1]
         drafter = build_drafter(
-            options, model, head=head, use_cache=settings.use_cache,
-            keep_between_prompts=settings.use_cache,
-        )  # fmt: skip
+            options, model, head=head, use_cache=settings.use_cache, keep_between_prompts=keep
+        )
         self._caches["speculative"].drop()
         self._kept_drafter = (key, drafter)
         return drafter
