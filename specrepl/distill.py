@@ -238,6 +238,7 @@ def distill(
         max_new_tokens=options.max_new_tokens,
         token_budget=options.data_tokens,
         progress=on_data,
+        on_message=say,
     )
     del writer
     data_seconds = time.perf_counter() - began
@@ -254,6 +255,7 @@ def distill(
         end_tokens=pair.eos_token_ids,
         vocab_size=pair.vocab_size,
         progress=on_train,
+        on_message=say,
     )
     description = {
         "target": {

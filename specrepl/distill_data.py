@@ -336,14 +336,18 @@ def make_answers(
     batch_size: int = 32,
     token_budget: int | None = None,
     progress: ProgressCallback | None = None,
+    on_message: Callable[[str], None] | None = None,
 ) -> int:
     """Greedy answers to `prompts` and the target's features, one shard per
     `shard_size` prompts; shards already on disk are kept. `writer` writes the
     answers (the target, or a cheaper copy of it where that is faster: a copy
     agrees with the target on almost every token, and the features, hence the
     training labels, always come from `target`). Stops after the shard that
-    passes `token_budget` answer tokens. Returns the answer tokens on disk."""
+    passes `token_budget` answer tokens. Returns the answer tokens on disk.
+    A shard that cannot be read (cut short, zero-filled, not a shard) is
+    removed, with a line to `on_message`, and made again."""
     directory.mkdir(parents=True, exist_ok=True)
+    remove_damaged_shards(directory, on_message)
     shards = (len(prompts) + shard_size - 1) // shard_size
     tokens = sum(_answer_tokens(record) for record in load_shards(directory))
     for index in range(shards):
@@ -415,6 +419,27 @@ def target_features(
 
 def _answer_tokens(record: dict) -> int:
     return int(record["ids"].shape[0]) - int(record["prompt_length"])
+
+
+def remove_damaged_shards(
+    directory: Path, on_message: Callable[[str], None] | None = None
+) -> list[Path]:
+    """Remove every shard in `directory` that does not load as a list of records
+    (each says so in one line); returns what was removed."""
+    removed = []
+    for path in sorted(directory.glob("shard-*.pt")):
+        try:
+            records = torch.load(path, weights_only=True)
+            problem = None if isinstance(records, list) else "not a list of records"
+        except Exception as error:
+            problem = f"{type(error).__name__}: {str(error).splitlines()[0][:120]}"
+        if problem is None:
+            continue
+        if on_message is not None:
+            on_message(f"the answer shard {path} is damaged ({problem}): it is made again")
+        path.unlink(missing_ok=True)
+        removed.append(path)
+    return removed
 
 
 def load_shards(directory: Path) -> Iterator[dict]:

@@ -219,6 +219,24 @@ def _learning_rate(settings: TrainSettings, used: float) -> float:
     return settings.learning_rate * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
+def _read_checkpoint(
+    path: Path, on_message: Callable[[str], None] | None
+) -> dict[str, Any] | None:
+    """The saved training state, or None (with one line) when the file is damaged:
+    training then starts from the beginning and overwrites it."""
+    try:
+        saved = torch.load(path, weights_only=True, map_location="cpu")
+        keys = {"head", "optimizer", "settings", "token_ids", "seconds", "tokens", "steps"}
+        if isinstance(saved, dict) and keys <= saved.keys():
+            return saved
+        problem = "not a training checkpoint"
+    except Exception as error:
+        problem = f"{type(error).__name__}: {str(error).splitlines()[0][:120]}"
+    if on_message is not None:
+        on_message(f"the training checkpoint {path} is damaged ({problem}): training starts over")
+    return None
+
+
 def _save_checkpoint(path: Path, payload: dict[str, Any]) -> None:
     write_atomically(path, lambda file: torch.save(payload, file))
 
@@ -233,6 +251,7 @@ def train_head(
     vocab_size: int,
     progress: Callable[[TrainProgress], None] | None = None,
     evaluate_every: int = 200,
+    on_message: Callable[[str], None] | None = None,
 ) -> TrainState:
     """Train a head for `target` on `records`, resuming from a checkpoint in
     `work_directory` made with the same settings. Stops at the time or token
@@ -251,8 +270,8 @@ def train_head(
     head.train()
     optimizer = torch.optim.AdamW(head.parameters(), lr=settings.learning_rate, weight_decay=0.0)
     seconds, tokens, steps, epoch, done_in_epoch, resumed = 0.0, 0, 0, 0, 0, False
-    if checkpoint_path.exists():
-        saved = torch.load(checkpoint_path, weights_only=True, map_location="cpu")
+    saved = _read_checkpoint(checkpoint_path, on_message) if checkpoint_path.exists() else None
+    if saved is not None:
         same_vocabulary = torch.equal(saved["token_ids"].cpu(), token_ids.cpu())
         if saved.get("settings") == settings.as_dict() and same_vocabulary:
             head.load_state_dict(saved["head"])

@@ -251,3 +251,16 @@ def test_distill_command_trains_writes_and_resumes(tmp_path) -> None:
     second = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
     assert second.returncode == 0, second.stderr
     assert json.loads((out / "head.json").read_text())["training"]["steps"] == steps
+    # damaged work files are made again, each with one line, and the run still ends well
+    shard = sorted(work.glob("shard-*.pt"))[0]
+    shard.write_bytes(shard.read_bytes()[:100])  # cut short
+    checkpoint = work / "checkpoint.pt"
+    checkpoint.write_bytes(b"\0" * checkpoint.stat().st_size)  # zero-filled
+    third = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
+    assert third.returncode == 0, third.stderr
+    said = "".join((third.stdout + third.stderr).split())  # as printed, folded or not
+    assert f"theanswershard{shard}isdamaged" in said and "itismadeagain" in said
+    assert f"thetrainingcheckpoint{checkpoint}isdamaged" in said and "trainingstartsover" in said
+    assert "Traceback" not in said
+    torch.load(shard, weights_only=True)  # whole again
+    load_head(out, target)
