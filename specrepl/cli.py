@@ -146,8 +146,7 @@ def _run_soak(args: argparse.Namespace) -> int:
             "result": result.to_dict(),
         }
         try:
-            with open(args.json_out, "w", encoding="utf-8") as out:
-                json.dump(payload, out, indent=2)
+            write_text_atomically(Path(args.json_out), json.dumps(payload, indent=2))
         except OSError as error:
             renderer.fatal(f"--json: cannot write {args.json_out}: {error}")
             return EXIT_FAILED
