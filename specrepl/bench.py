@@ -16,7 +16,8 @@ token with the target-only output, and any difference is reported.
 Figures are aggregated per category and overall: medians of per-prompt
 figures (tokens/s, speedups as per-prompt ratios), pooled acceptance and
 tokens per target step, and the speedup predicted from the same run's measured
-acceptance a and cost ratios (NOTES.md):
+acceptance a and cost ratios (Leviathan et al. 2023, "Fast Inference from
+Transformers via Speculative Decoding"):
 (1 - a^(g+1)) / (1 - a) / (g*c + v), with c the drafter's seconds per drafted
 token and v the seconds of a verification step, both over the target's
 seconds for a one-token step of the target-only run on the same prompt. In
@@ -157,16 +158,14 @@ def default_prompts_path(
     """The Spec-Bench questions, and every place that was looked at.
 
     The repository ships them (`benchmarks/spec_bench.jsonl`, see
-    `benchmarks/README.md`); a copy in a `shared/` folder beside the checkout
-    or the working directory is the fallback for an installed package.
+    `benchmarks/README.md`); for an installed package without the checkout,
+    the same path under the working directory is looked at next.
     """
     root = repo_root or Path(__file__).resolve().parent.parent
     here = cwd or Path.cwd()
     candidates: list[Path] = [(root / PROMPTS_FILE).resolve()]
-    for base in (root.parent, here, here.parent):
-        candidate = (base / "shared" / PROMPTS_FILE).resolve()
-        if candidate not in candidates:
-            candidates.append(candidate)
+    if (here / PROMPTS_FILE).resolve() not in candidates:
+        candidates.append((here / PROMPTS_FILE).resolve())
     found = next((path for path in candidates if path.is_file()), None)
     return found, candidates
 
@@ -354,7 +353,8 @@ class Prediction:
 def predicted_speedup(
     acceptance: float, gamma: float, draft_cost: float, verify_cost: float
 ) -> float:
-    """(1 - a^(g+1)) / (1 - a) / (g*c + v), Leviathan et al. 2023 (NOTES.md)."""
+    """(1 - a^(g+1)) / (1 - a) / (g*c + v) (Leviathan et al. 2023): expected tokens per
+    verification step over its cost in one-token target steps."""
     if acceptance >= 1.0:
         tokens = gamma + 1.0
     else:

@@ -2,10 +2,12 @@
 
 Speculative decoding compares token ids across two models, so both must read
 ids through one vocabulary. Equal `vocab_size` in the configs proves nothing
-(NOTES.md): the check compares the token string of every id and the special
-tokens, and checks that both models' logits cover the tokenizer. Model logits
-may be wider than the tokenizer (padded embeddings, as in Qwen2.5); the width
-both generators slice logits to is the length of the target's tokenizer.
+(two tokenizers can differ at the same size, and one tokenizer can sit under
+configs of different sizes: Qwen2.5-0.5B says 151936, Qwen2.5-7B 152064): the
+check compares the token string of every id and the special tokens, and
+checks that both models' logits cover the tokenizer. Model logits may be wider
+than the tokenizer (padded embeddings, as in Qwen2.5); the width both
+generators slice logits to is the length of the target's tokenizer.
 
 This module only sees tokenizers and integers: it knows nothing about models,
 devices or how they were loaded.

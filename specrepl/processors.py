@@ -1,8 +1,11 @@
 """Logits processors: turn a model's logits into the distribution to sample from.
 
 The same processor is applied to the target's and the drafter's logits so that
-rejection sampling compares p and q of the same kind (NOTES.md). Every method is
-a pure function of its input: the caller's tensor is never modified.
+rejection sampling compares p and q of the same kind: accepting a draft x with
+probability min(1, p(x)/q(x)) keeps the target's law only when p and q are the
+distributions each model's tokens are actually drawn from, after the same
+temperature, top-k and top-p. Every method is a pure function of its input:
+the caller's tensor is never modified.
 
 A processor knows nothing about models or tokenizers. `probabilities` works on
 the last dimension of a tensor of any shape, so the verifier can ask for the

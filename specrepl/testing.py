@@ -37,7 +37,8 @@ def tiny_llama(
     """A random Llama whose next-token distributions are far from uniform.
 
     `sharpness` scales the output head so that sampling tests see peaked
-    distributions (NOTES.md).
+    distributions: a random head gives nearly uniform ones, under which a
+    sampler that draws from the wrong law is hard to tell from a right one.
     """
     config = LlamaConfig(
         vocab_size=vocab_size,

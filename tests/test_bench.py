@@ -108,15 +108,16 @@ def test_default_prompts_ship_with_the_repository(tmp_path: Path) -> None:
     found, _ = bench.default_prompts_path()
     assert found == Path(bench.__file__).resolve().parent.parent / "benchmarks" / "spec_bench.jsonl"
     assert len(load_prompts(found)) == 480
-    repo = tmp_path / "repo"  # an installed package without the file: a shared/ copy beside it
+    repo = tmp_path / "repo"  # an installed package without the file: the working directory's
     repo.mkdir()
-    found, looked = bench.default_prompts_path(repo, cwd=repo)
+    work = tmp_path / "work"
+    found, looked = bench.default_prompts_path(repo, cwd=work)
     assert found is None
     assert (repo / "benchmarks" / "spec_bench.jsonl").resolve() == looked[0]
-    assert (tmp_path / "shared" / "benchmarks" / "spec_bench.jsonl").resolve() == looked[1]
+    assert (work / "benchmarks" / "spec_bench.jsonl").resolve() == looked[1]
     looked[1].parent.mkdir(parents=True)
     looked[1].write_text("", encoding="utf-8")
-    assert bench.default_prompts_path(repo, cwd=repo)[0] == looked[1]
+    assert bench.default_prompts_path(repo, cwd=work)[0] == looked[1]
 
 
 # -- flag values ----------------------------------------------------------------
