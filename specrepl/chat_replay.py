@@ -107,8 +107,8 @@ def replay(
     result = ReplayResult()
     kept.reset()
     dropped.reset()
+    sessions = {"kept": kept, "dropped": dropped}
     for index, text in enumerate(turns):
-        sessions = {"kept": kept, "dropped": dropped}
         order = list(MODES) if index % 2 == 0 else list(reversed(MODES))
         answers = {}
         for mode in order:

@@ -32,6 +32,7 @@ from rich.table import Table
 
 from .distill_train import CHECKPOINT_FILE
 from .gguf_cache import PARTIAL_PREFIX, cache_root, check_copy, discard
+from .render import format_bytes
 from .signals import EXIT_INTERRUPTED
 from .widths import MAX_PLAN_AGE_DAYS
 
@@ -151,15 +152,6 @@ def _count_lines(path: Path) -> int:
         return 0
 
 
-def _human(size: int) -> str:
-    value = float(size)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if value < 1024 or unit == "GiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    raise AssertionError("unreachable")
-
-
 # -- the command line -------------------------------------------------------------
 
 
@@ -206,7 +198,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
             return EXIT_USAGE
         _print_items(doomed, console)
         try:
-            reply = console.input(f"clear these ({_human(total)})? [y/N] ")
+            reply = console.input(f"clear these ({format_bytes(total)})? [y/N] ")
         except (EOFError, KeyboardInterrupt):
             console.print("\nnothing cleared")
             return EXIT_INTERRUPTED
@@ -215,7 +207,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
             return EXIT_OK
     removed = clear(kinds)
     console.print(f"cleared {len(removed)} item{'s' if len(removed) != 1 else ''}, "
-                  f"{_human(sum(item.size for item in removed))}")  # fmt: skip
+                  f"{format_bytes(sum(item.size for item in removed))}")  # fmt: skip
     return EXIT_OK
 
 
@@ -230,6 +222,6 @@ def _print_items(items: list[StoredItem], console: Console) -> None:
     table.add_column("path", overflow="fold")
     for item in items:
         state = escape(item.state) if item.healthy else f"[yellow]{escape(item.state)}[/]"
-        table.add_row(item.kind, _human(item.size), state, escape(str(item.path)))
+        table.add_row(item.kind, format_bytes(item.size), state, escape(str(item.path)))
     console.print(table)
-    console.print(f"total {_human(sum(item.size for item in items))}")
+    console.print(f"total {format_bytes(sum(item.size for item in items))}")

@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
-from .atomic import write_atomically
+from .atomic import unreadable, write_atomically
 
 __all__ = [
     "OPENERS",
@@ -347,9 +347,11 @@ def make_answers(
     A shard that cannot be read (cut short, zero-filled, not a shard) is
     removed, with a line to `on_message`, and made again."""
     directory.mkdir(parents=True, exist_ok=True)
-    remove_damaged_shards(directory, on_message)
     shards = (len(prompts) + shard_size - 1) // shard_size
-    tokens = sum(_answer_tokens(record) for record in load_shards(directory))
+    tokens = 0
+    for path in sorted(directory.glob("shard-*.pt")):
+        records = _read_shard(path, on_message)
+        tokens += sum(_answer_tokens(record) for record in records or ())
     for index in range(shards):
         path = shard_path(directory, index)
         if path.exists():
@@ -421,25 +423,20 @@ def _answer_tokens(record: dict) -> int:
     return int(record["ids"].shape[0]) - int(record["prompt_length"])
 
 
-def remove_damaged_shards(
-    directory: Path, on_message: Callable[[str], None] | None = None
-) -> list[Path]:
-    """Remove every shard in `directory` that does not load as a list of records
-    (each says so in one line); returns what was removed."""
-    removed = []
-    for path in sorted(directory.glob("shard-*.pt")):
-        try:
-            records = torch.load(path, weights_only=True)
-            problem = None if isinstance(records, list) else "not a list of records"
-        except Exception as error:
-            problem = f"{type(error).__name__}: {str(error).splitlines()[0][:120]}"
-        if problem is None:
-            continue
-        if on_message is not None:
-            on_message(f"the answer shard {path} is damaged ({problem}): it is made again")
-        path.unlink(missing_ok=True)
-        removed.append(path)
-    return removed
+def _read_shard(path: Path, on_message: Callable[[str], None] | None) -> list[dict] | None:
+    """A shard's records, or None after removing a shard that does not load as
+    a list of records (with one line saying so: it is made again)."""
+    try:
+        records = torch.load(path, weights_only=True)
+        if isinstance(records, list):
+            return records
+        problem = "not a list of records"
+    except Exception as error:
+        problem = unreadable(error)
+    if on_message is not None:
+        on_message(f"the answer shard {path} is damaged ({problem}): it is made again")
+    path.unlink(missing_ok=True)
+    return None
 
 
 def load_shards(directory: Path) -> Iterator[dict]:

@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from transformers import PreTrainedModel
 
-from .atomic import write_atomically
+from .atomic import unreadable, write_atomically
 from .draft_head import DraftHead
 from .signals import Terminated
 
@@ -231,7 +231,7 @@ def _read_checkpoint(
             return saved
         problem = "not a training checkpoint"
     except Exception as error:
-        problem = f"{type(error).__name__}: {str(error).splitlines()[0][:120]}"
+        problem = unreadable(error)
     if on_message is not None:
         on_message(f"the training checkpoint {path} is damaged ({problem}): training starts over")
     return None

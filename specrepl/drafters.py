@@ -19,7 +19,7 @@ from .draft_head import DraftHead, HeadCache
 from .forward import context_length, forward_logits, logits_width, model_device
 from .kv_cache import cached_length, new_cache, rollback_to
 from .processors import LogitsProcessor
-from .prompt_cache import common_prefix
+from .prompt_cache import PromptCache, common_prefix
 
 
 @dataclass(frozen=True)
@@ -115,7 +115,7 @@ class ModelDrafter:
         self.keep_between_prompts = keep_between_prompts
         self.cache: DynamicCache | None = None
         self.offset = 0
-        self._seen: torch.Tensor | None = None  # the sequence the cache holds a prefix of
+        self._kept = PromptCache()  # the cache between generations, with keep_between_prompts
 
     def begin(self, prompt: torch.Tensor, vocab_size: int) -> None:
         """A `window` lets the drafter read only the prompt's last `window`
@@ -125,21 +125,17 @@ class ModelDrafter:
         With `keep_between_prompts` (and no window), the cache of the last
         generation is cropped to what the new prompt shares with it."""
         self.vocab_size = vocab_size
-        offset = 0 if self.window is None else max(0, prompt.shape[0] - self.window)
-        kept = 0
-        reusable = self.cache is not None and self._seen is not None and offset == self.offset == 0
-        if self.keep_between_prompts and reusable:
-            held = self._seen[: cached_length(self.cache)]
-            kept = min(common_prefix(held, prompt.tolist()), prompt.shape[0] - 1)
-        if kept > 0:
-            rollback_to(self.cache, kept)
+        self.offset = 0 if self.window is None else max(0, prompt.shape[0] - self.window)
+        if not self.use_cache:
+            self.cache = None
+        elif self.keep_between_prompts and self.window is None:
+            self.cache, _ = self._kept.take(self.model, prompt.tolist())
         else:
-            self.cache = new_cache(self.model) if self.use_cache else None
-        self.offset = offset
-        self._seen = None
+            self.cache = new_cache(self.model)
 
     def forget(self) -> None:
-        self.cache, self._seen = None, None
+        self.cache = None
+        self._kept.drop()
 
     def propose(
         self,
@@ -185,7 +181,8 @@ class ModelDrafter:
         target_features: torch.Tensor | None = None,
     ) -> None:
         rollback_to(self.cache, min(cached_length(self.cache), valid_length - self.offset))
-        self._seen = sequence
+        if self.keep_between_prompts and self.cache is not None and self.window is None:
+            self._kept.keep(self.model, self.cache, sequence)
 
 
 class HeadDrafter:

@@ -275,8 +275,7 @@ def _prime(policy: GammaPolicy, target: PreTrainedModel) -> None:
     plan = width_plan(target)
     if prime is None or plan is None:
         return
-    widths = plan.seconds
-    prime({w - 1: widths[plan.padded.get(w, w)] for w in widths if plan.padded.get(w, w) in widths})
+    prime({width - 1: plan.seconds[padded] for width, padded in plan.padded.items()})
 
 
 def _collect(

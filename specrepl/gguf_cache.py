@@ -91,14 +91,18 @@ def fingerprint(path: str | Path) -> str:
     (metadata, tensor layout) lies in the first bytes and weights fill the
     rest, so a changed model changes the sampled bytes or the size.
     """
-    path = Path(path)
+    return _ends_digest(Path(path), SAMPLE_BYTES, f"specrepl-gguf-{CACHE_FORMAT}:")
+
+
+def _ends_digest(path: Path, chunk: int, label: str = "") -> str:
+    """sha256 of `label`, the file's size, and its first and last `chunk` bytes."""
     size = path.stat().st_size
-    digest = hashlib.sha256(f"specrepl-gguf-{CACHE_FORMAT}:{size}:".encode())
+    digest = hashlib.sha256(f"{label}{size}:".encode())
     with path.open("rb") as file:
-        digest.update(file.read(SAMPLE_BYTES))
-        if size > SAMPLE_BYTES:
-            file.seek(max(SAMPLE_BYTES, size - SAMPLE_BYTES))
-            digest.update(file.read(SAMPLE_BYTES))
+        digest.update(file.read(chunk))
+        if size > chunk:
+            file.seek(max(chunk, size - chunk))
+            digest.update(file.read(chunk))
     return digest.hexdigest()
 
 
@@ -184,14 +188,7 @@ def _write_marker(directory: Path, about: dict[str, object]) -> None:
 def _sample_digest(path: Path) -> str:
     """sha256 of a file's size, first MiB and last MiB: cheap, and it changes when
     a file is cut short, extended, or zero-filled at either end."""
-    size = path.stat().st_size
-    digest = hashlib.sha256(f"{size}:".encode())
-    with path.open("rb") as file:
-        digest.update(file.read(CHECK_BYTES))
-        if size > CHECK_BYTES:
-            file.seek(max(CHECK_BYTES, size - CHECK_BYTES))
-            digest.update(file.read(CHECK_BYTES))
-    return digest.hexdigest()
+    return _ends_digest(path, CHECK_BYTES)
 
 
 def _safetensors_problem(path: Path) -> str | None:

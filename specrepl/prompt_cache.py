@@ -9,7 +9,9 @@ the next time costs a longer feed, never a wrong answer.
 
 The cache is taken out while a generation uses it and put back only when the
 generation ends normally: a run that is interrupted or fails leaves the
-`PromptCache` empty, because its cache may hold a half-written step.
+`PromptCache` empty, because its cache may hold a half-written step. `keep`
+costs nothing (the ids are read at the next `take`), so a drafter may call it
+after every step.
 
 This module knows nothing about drafting or chat templates.
 """
@@ -47,16 +49,16 @@ class PromptCache:
     def __init__(self) -> None:
         self._model: PreTrainedModel | None = None
         self._cache: DynamicCache | None = None
-        self._ids: list[int] = []
+        self._ids: torch.Tensor | None = None
 
     @property
     def held(self) -> int:
         """How many tokens the kept cache holds (0 when nothing is kept)."""
-        return len(self._ids)
+        return 0 if self._ids is None else int(self._ids.shape[0])
 
     def reusable(self, model: PreTrainedModel, inputs: Sequence[int]) -> int:
         """How many tokens of `inputs` the kept cache would spare `model` from feeding."""
-        if self._cache is None or self._model is not model:
+        if self._cache is None or self._ids is None or self._model is not model:
             return 0
         return min(common_prefix(self._ids, inputs), max(len(inputs) - 1, 0))
 
@@ -75,10 +77,9 @@ class PromptCache:
 
     def keep(self, model: PreTrainedModel, cache: DynamicCache, sequence: torch.Tensor) -> None:
         """Keep `cache`, which holds the first tokens of `sequence` (1-D ids), for next time."""
-        held = cached_length(cache)
         self._model, self._cache = model, cache
-        self._ids = sequence[:held].tolist()
+        self._ids = sequence[: cached_length(cache)]
 
     def drop(self) -> None:
         """Forget the kept cache (its memory is freed once no run holds it)."""
-        self._model, self._cache, self._ids = None, None, []
+        self._model, self._cache, self._ids = None, None, None

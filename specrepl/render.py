@@ -37,6 +37,7 @@ from rich.progress import (
 from rich.table import Table
 from rich.text import Text
 
+from .chat_replay import MODES as REPLAY_MODES
 from .commands import (
     SAMPLING_SETTINGS,
     ClearScreen,
@@ -60,7 +61,7 @@ if TYPE_CHECKING:
     from .models import LoadedModel, ModelPair
     from .soak import SoakResult
 
-__all__ = ["AnswerView", "Renderer", "format_value", "settings_line"]
+__all__ = ["AnswerView", "Renderer", "format_bytes", "format_value", "settings_line"]
 
 DASH = "—"
 GENERATOR_STYLE = {"speculative": "green", "target": "blue", "drafter": "magenta"}
@@ -126,7 +127,8 @@ def _count(value: int) -> str:
     return str(value)
 
 
-def _bytes(value: int) -> str:
+def format_bytes(value: int) -> str:
+    """A size in B, KiB, MiB or GiB."""
     for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
         if value >= size:
             return f"{value / size:.1f} {unit}"
@@ -136,11 +138,11 @@ def _bytes(value: int) -> str:
 def _signed_bytes(value: int | None) -> str:
     if value is None:
         return DASH
-    return ("+" if value >= 0 else "-") + _bytes(abs(value))
+    return ("+" if value >= 0 else "-") + format_bytes(abs(value))
 
 
 def _maybe_bytes(value: int | None) -> str:
-    return DASH if value is None else _bytes(value)
+    return DASH if value is None else format_bytes(value)
 
 
 def _table(title: str | None = None) -> Table:
@@ -675,7 +677,7 @@ class Renderer:
             ("refused", str(result.refusals)),
             ("history resets", str(result.resets)),
             ("seconds", f"{result.seconds:.1f}"),
-            ("RSS at the start", _bytes(result.rss_start)),
+            ("RSS at the start", format_bytes(result.rss_start)),
             (
                 f"RSS after the warm-up ({result.warmup} prompts)",
                 _maybe_bytes(result.rss_after_warmup),
@@ -705,7 +707,7 @@ class Renderer:
                 "Interrupted: the figures cover the prompts answered.", style="yellow"
             )
         elif result.mismatches or grew_too_much:
-            limit = "" if max_growth is None else f" (allowed: {_bytes(max_growth)})"
+            limit = "" if max_growth is None else f" (allowed: {format_bytes(max_growth)})"
             self.console.print(
                 f"FAILED: {len(result.mismatches)} mismatches; RSS grew "
                 f"{_signed_bytes(result.growth)} after the warm-up{limit}.",
@@ -725,31 +727,26 @@ class Renderer:
             (f.turn, f.mode, f.generator): f for f in result.figures
         }
         table = _table("a scripted chat: caches kept between turns vs dropped")
+        columns = [(mode, name) for mode in REPLAY_MODES for name in generators]
         table.add_column("turn", justify="right")
         table.add_column("prompt", justify="right")
-        for mode in ("kept", "dropped"):
-            for name in generators:
-                table.add_column(f"{mode}: {name} fed · TTFT · tok/s", justify="right")
+        for mode, name in columns:
+            table.add_column(f"{mode}: {name} fed · TTFT · tok/s", justify="right")
         for turn in range(result.turns):
-            cells = []
-            for mode in ("kept", "dropped"):
-                for name in generators:
-                    f = rows.get((turn, mode, name))
-                    if f is None:
-                        cells.append(DASH)
-                        continue
-                    ttft = DASH if f.time_to_first_token is None else (
-                        f"{f.time_to_first_token * 1e3:.0f} ms"
-                    )
-                    rate = _number(f.tokens_per_second, ".1f")
-                    cells.append(f"{f.fed} · {ttft} · {rate}")
-            prompt = next(
-                (str(f.prompt_tokens) for key, f in rows.items() if key[0] == turn), DASH
-            )
+            cells, prompt = [], DASH
+            for mode, name in columns:
+                f = rows.get((turn, mode, name))
+                if f is None:
+                    cells.append(DASH)
+                    continue
+                prompt = str(f.prompt_tokens)
+                ttft = _number(None if f.time_to_first_token is None
+                               else f.time_to_first_token * 1e3, ".0f", " ms")  # fmt: skip
+                cells.append(f"{f.fed} · {ttft} · {_number(f.tokens_per_second, '.1f')}")
             table.add_row(str(turn + 1), prompt, *cells)
         self.console.print(table)
         for name in generators:
-            kept, dropped = (result.first_token_growth(mode, name) for mode in ("kept", "dropped"))
+            kept, dropped = (result.first_token_growth(mode, name) for mode in REPLAY_MODES)
             self.console.print(
                 f"{name}: time to first token, last turn over first: caches kept "
                 f"{_number(kept, '.2f', '×')}, dropped {_number(dropped, '.2f', '×')}"
@@ -792,7 +789,7 @@ class Renderer:
                 str(model.dtype).removeprefix("torch."),
                 model.quantization or DASH,
                 _count(model.parameters),
-                _bytes(model.memory_bytes),
+                format_bytes(model.memory_bytes),
                 f"{model.load_seconds:.1f} s{cached}",
             )
         if head is not None:

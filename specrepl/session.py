@@ -316,17 +316,19 @@ class ChatSession:
     def prompt_mode(self) -> PromptMode:
         return "chat" if self.settings.chat and self.has_chat_template else "raw"
 
-    def messages(self, prompt: str) -> list[Message]:
-        """The conversation the chat template is applied to, ending with `prompt`."""
+    def messages(self, prompt: str, history: list[Message] | None = None) -> list[Message]:
+        """The conversation the chat template is applied to, ending with `prompt`
+        (`history`: instead of the session's)."""
         system = self.settings.system_prompt
         head: list[Message] = [{"role": "system", "content": system}] if system else []
-        return [*head, *self.history, {"role": "user", "content": prompt}]
+        earlier = self.history if history is None else history
+        return [*head, *earlier, {"role": "user", "content": prompt}]
 
-    def prompt_ids(self, prompt: str) -> list[int]:
+    def prompt_ids(self, prompt: str, history: list[Message] | None = None) -> list[int]:
         """The token ids the generators continue; every message's text is encoded as plain
         text (see `prompting.py`). Raises PromptEncodingError when that is impossible."""
         if self.prompt_mode() == "chat":
-            return chat_prompt_ids(self.tokenizer, self.messages(prompt))
+            return chat_prompt_ids(self.tokenizer, self.messages(prompt, history))
         return text_prompt_ids(self.tokenizer, prompt)
 
     # -- answering ---------------------------------------------------------
@@ -342,7 +344,6 @@ class ChatSession:
         settings = self.settings
         if self.pair.device.type == "cpu":
             self.tune_widths(retime=retime_widths)
-        self.drop_caches()
         ids = self.prompt_ids(prompt)
         common: dict[str, Any] = {
             "eos_tokens_id": self.pair.eos_token_ids,
@@ -456,14 +457,11 @@ class ChatSession:
             )
         return answer
 
-    def _context(self, generators: list[GeneratorName]) -> int | None:
-        """The smallest context of the models the generators run."""
-        contexts = [
-            context_length(self._drafter_model() if name == "drafter" else self.pair.target.model)
-            for name in generators
-        ]
-        known = [context for context in contexts if context is not None]
-        return min(known) if known else None
+    def _context_of(self, generator: GeneratorName) -> tuple[str, int | None]:
+        """The role of the model a generator runs (target or drafter) and its context."""
+        if generator == "drafter":
+            return "drafter", context_length(self._drafter_model())
+        return "target", context_length(self.pair.target.model)
 
     def _fit_history(
         self, prompt: str, ids: list[int], generators: list[GeneratorName], settings: Settings
@@ -471,7 +469,8 @@ class ChatSession:
         """A chat too long to leave `max_new_tokens` of room in the context drops its
         oldest turns (user and assistant together) until it fits; returns the prompt
         ids, the history and a notice (None when nothing was dropped)."""
-        context = self._context(generators)
+        contexts = [self._context_of(generator)[1] for generator in generators]
+        context = min((c for c in contexts if c is not None), default=None)
         if context is None or len(ids) + settings.max_new_tokens <= context:
             return ids, self.history, None
         history = self.history
@@ -479,11 +478,7 @@ class ChatSession:
         while history and len(ids) + settings.max_new_tokens > context:
             history = history[2:]
             dropped += 1
-            system = settings.system_prompt
-            head: list[Message] = [{"role": "system", "content": system}] if system else []
-            ids = chat_prompt_ids(
-                self.tokenizer, [*head, *history, {"role": "user", "content": prompt}]
-            )
+            ids = self.prompt_ids(prompt, history)
         turns = f"turn{'s' if dropped != 1 else ''}"
         notice = (
             f"the chat no longer leaves room for {settings.max_new_tokens} new tokens in the "
@@ -495,9 +490,7 @@ class ChatSession:
     def _too_long(self, ids: list[int], generators: list[GeneratorName], hint: str) -> str | None:
         """The refusal for a prompt that leaves a generator's model no room, else None."""
         for generator in generators:
-            role = "drafter" if generator == "drafter" else "target"
-            model = self._drafter_model() if role == "drafter" else self.pair.target.model
-            context = context_length(model)
+            role, context = self._context_of(generator)
             if context is not None and len(ids) >= context:
                 return (
                     f"The prompt is too long: it has {len(ids)} tokens and the {role} model's"
