@@ -63,6 +63,7 @@ from rich.progress import (
 )
 
 from .atomic import write_text_atomically
+from .bench_markdown import run_markdown
 from .compatibility import IncompatibleTokenizersError
 from .config import AppConfig, ConfigError, default_config_path, load_config
 from .draft_head import HeadLoadError, load_head, resolve_head
@@ -1420,6 +1421,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--json", dest="json_out", metavar="OUT", help="write every figure here")
     parser.add_argument(
+        "--format",
+        choices=("table", "markdown"),
+        default="table",
+        help="the report on stdout: tables (default), or Markdown to paste into an issue or"
+        " README (progress then goes to stderr); `python infer.py compare` prints saved runs",
+    )
+    parser.add_argument(
         "--chart", dest="chart_out", metavar="OUT.png", help="draw speedups here (matplotlib)"
     )
     parser.add_argument(
@@ -1540,6 +1548,11 @@ def run(args: argparse.Namespace, console: Console, *, pair: ModelPair | None = 
     """
     from . import bench_report
 
+    markdown = _arg(args, "format") == "markdown"
+    report_console = console
+    if markdown:  # stdout is the Markdown alone; everything else goes to stderr
+        console = Console(stderr=True, highlight=False)
+
     def fail(message: str, status: int) -> int:
         console.print(f"[bold red]error:[/] {escape(message)}")
         return status
@@ -1589,7 +1602,11 @@ def run(args: argparse.Namespace, console: Console, *, pair: ModelPair | None = 
         except KeyboardInterrupt:
             interrupted = True
     report = BenchReport.build(benchmark, config=plan.config_dict(args), interrupted=interrupted)
-    bench_report.render_report(report, console)
+    if markdown:
+        report_console.file.write(run_markdown(report.to_dict()))
+        report_console.file.flush()
+    else:
+        bench_report.render_report(report, report_console)
     json_out = _arg(args, "json_out")
     if json_out:
         try:

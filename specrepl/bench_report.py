@@ -29,6 +29,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from .bench import HF_GENERATE, OVERALL, TARGET, BenchReport, Method, MethodSummary
+from .bench_markdown import DASH, format_number, format_percent, format_times
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -41,21 +42,8 @@ __all__ = [
 ]
 
 MATPLOTLIB_REQUIREMENT = "matplotlib==3.11.2"
-DASH = "—"
 MAX_LISTED_MISMATCHES = 20
 FAMILY_STYLE = {"specrepl": "green", "hf": "cyan"}
-
-
-def _times(value: float | None) -> str:
-    return DASH if value is None else f"{value:.2f}×"
-
-
-def _number(value: float | None, digits: int = 1) -> str:
-    return DASH if value is None else f"{value:.{digits}f}"
-
-
-def _percent(value: float | None) -> str:
-    return DASH if value is None else f"{100 * value:.0f}%"
 
 
 def _identical(summary: MethodSummary, method: Method) -> str:
@@ -89,11 +77,11 @@ def _category_table(report: BenchReport, category: str) -> Table:
             continue
         row = [
             f"[{FAMILY_STYLE[method.family]}]{escape(method.label)}[/]",
-            _number(summary.tokens_per_second),
-            _times(summary.speedup_vs_target),
+            format_number(summary.tokens_per_second),
+            format_times(summary.speedup_vs_target),
         ]
         if report.has_hf:
-            row.append(_times(summary.speedup_vs_hf))
+            row.append(format_times(summary.speedup_vs_hf))
         if report.options.greedy:
             row.append(_identical(summary, method))
         row += _acceptance_cells(summary)
@@ -110,11 +98,11 @@ def _add_acceptance_columns(table: Table) -> None:
 def _acceptance_cells(summary: MethodSummary) -> list[str]:
     """Acceptance, alpha, tokens per step, predicted and measured/predicted."""
     return [
-        _percent(summary.acceptance),
-        _number(summary.alpha, 2),
-        _number(summary.mean_accepted_length, 2),
-        _times(summary.predicted_speedup),
-        _number(summary.measured_over_predicted, 2),
+        format_percent(summary.acceptance),
+        format_number(summary.alpha, 2),
+        format_number(summary.mean_accepted_length, 2),
+        format_times(summary.predicted_speedup),
+        format_number(summary.measured_over_predicted, 2),
     ]
 
 
@@ -143,13 +131,13 @@ def _time_split_table(report: BenchReport) -> Table:
             continue
         table.add_row(
             escape(method.label),
-            _percent(summary.draft_share),
-            _percent(summary.target_share),
-            _percent(summary.other_share),
-            _percent(summary.fallback_share),
-            _percent(summary.empty_draft_share),
-            _percent(summary.first_draft_acceptance),
-            _number(summary.draft_cost_vs_target, 3),
+            format_percent(summary.draft_share),
+            format_percent(summary.target_share),
+            format_percent(summary.other_share),
+            format_percent(summary.fallback_share),
+            format_percent(summary.empty_draft_share),
+            format_percent(summary.first_draft_acceptance),
+            format_number(summary.draft_cost_vs_target, 3),
         )
     return table
 
@@ -167,10 +155,10 @@ def _sweep_table(report: BenchReport) -> Table:
         summary = overall.get(method.name)
         if summary is None:
             continue
-        row = [str(method.sweep_gamma), _number(summary.tokens_per_second)]
-        row.append(_times(summary.speedup_vs_target))
+        row = [str(method.sweep_gamma), format_number(summary.tokens_per_second)]
+        row.append(format_times(summary.speedup_vs_target))
         if report.has_hf:
-            row.append(_times(summary.speedup_vs_hf))
+            row.append(format_times(summary.speedup_vs_hf))
         row += _acceptance_cells(summary)
         table.add_row(*row)
     return table

@@ -18,8 +18,10 @@ import json
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from .session import ChatSession
+if TYPE_CHECKING:
+    from .session import ChatSession
 
 __all__ = ["ReplayResult", "TurnFigures", "add_arguments", "load_turns", "replay"]
 
@@ -159,7 +161,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=Path,
         default=DEFAULT_CHAT,
         metavar="FILE",
-        help="user turns: JSON lines with a \"turns\" list, or one turn per line "
+        help='user turns: JSON lines with a "turns" list, or one turn per line '
         "(default: benchmarks/chat.jsonl)",
     )
     parser.add_argument(

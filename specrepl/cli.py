@@ -11,6 +11,12 @@ Exit statuses: 0; 1 (a model failed to load, a refusal, a failed soak); 2 (a
 bad flag or config); 130 (Ctrl-C, at any stage: a short message, no
 traceback); 143 (SIGTERM, at any stage: "Terminated.", see signals.py).
 
+On a terminal the REPL's prompt is drawn before the models are loaded (see
+startup.py), so this module imports no model library at the top: the
+modules that need torch (bench, soak, distill, the loader) are imported by
+the subcommand or the step that uses them, and the parser configures a
+subcommand's own flags only when the command line names one.
+
 This module wires the parts together; it does not print (render.py does),
 does not parse REPL commands (commands.py) and knows nothing about decoding.
 """
@@ -19,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib
 import json
 import os
 import sys
@@ -29,10 +36,9 @@ from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
-from . import bench, chat_replay, disk_cache, distill, repl, soak
+from . import bench_markdown, chat_replay, repl
 from .atomic import write_text_atomically
 from .commands import parse_integer, parse_number
-from .compatibility import IncompatibleTokenizersError
 from .config import (
     DTYPE_NAMES,
     QUANTIZE_NAMES,
@@ -42,18 +48,22 @@ from .config import (
     default_config_path,
     load_config,
 )
-from .draft_head import HeadLoadError, target_fingerprint
-from .gguf_cache import cache_root
-from .models import ModelLoadError, load_pair
-from .processors import PROCESSORS
+from .processor_specs import PROCESSOR_NAMES
 from .render import Renderer
-from .session import ChatSession
 from .settings import SettingError, Settings, shown
-from .signals import EXIT_INTERRUPTED, EXIT_TERMINATED, Terminated, sigterm_unwinds
+from .signals import (
+    EXIT_INTERRUPTED,
+    EXIT_TERMINATED,
+    Terminated,
+    signals_held,
+    sigterm_unwinds,
+)
+from .startup import LoadingSession, known_failure, open_session
 
 if TYPE_CHECKING:
+    from .answers import Answer
     from .models import ModelPair
-    from .session import Answer
+    from .session import ChatSession
 
 __all__ = [
     "SUBCOMMANDS",
@@ -84,23 +94,28 @@ class Subcommand:
 
 
 REPORT_WIDTH = 160
-"""Columns of `bench`'s report when it goes to a file or a pipe (a terminal's own
-width is used, and so is $COLUMNS): wide enough that no table is folded."""
+"""Columns of what is printed on stdout when it goes to a file or a pipe (a
+terminal's own width is used, and so is $COLUMNS): wide enough that no table of
+`bench`, `soak`, `replay`, `--prompt` or a piped REPL is folded or cut."""
 
 
 def _report_console() -> Console:
-    """stdout for a report: as wide as the terminal, or `REPORT_WIDTH` into a file or pipe."""
+    """stdout: as wide as the terminal, or `REPORT_WIDTH` into a file or pipe."""
     fits = sys.stdout.isatty() or "COLUMNS" in os.environ
     return Console(highlight=False, width=None if fits else REPORT_WIDTH)
 
 
 def _run_bench(args: argparse.Namespace) -> int:
+    from . import bench
+
     return bench.run(args, _report_console())
 
 
 def _run_soak(args: argparse.Namespace) -> int:
     """`python infer.py soak`: many prompts in one session; see soak.py."""
-    renderer = Renderer(Console(highlight=False), status_console=Console(stderr=True))
+    from . import soak
+
+    renderer = Renderer(_report_console(), status_console=Console(stderr=True))
     prompts, warmup = args.soak_prompts, args.warmup
     if prompts < 1 or args.reset_every < 0 or not 0 <= (warmup or 0) <= prompts:
         renderer.fatal("soak: need --prompts >= 1, --reset-every >= 0, 0 <= --warmup <= --prompts")
@@ -167,7 +182,7 @@ def _run_replay(args: argparse.Namespace) -> int:
     if isinstance(started, int):
         return started
     _, kept = started
-    dropped = ChatSession(kept.pair, kept.settings)
+    dropped = type(kept)(kept.pair, kept.settings)
     try:
         renderer.loaded(kept.pair, kept.head_summary())
         with renderer.progress("replay", len(turns)) as advance:
@@ -188,6 +203,11 @@ def _run_replay(args: argparse.Namespace) -> int:
 
 def _run_distill(args: argparse.Namespace) -> int:
     """`python infer.py distill`: train a draft head for the target; see distill.py."""
+    from . import distill
+    from .draft_head import target_fingerprint
+    from .gguf_cache import cache_root
+    from .models import load_pair
+
     renderer = Renderer(Console(highlight=False), status_console=Console(stderr=True))
     try:
         config = app_config(args)
@@ -196,14 +216,21 @@ def _run_distill(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     try:
         with renderer.loading("Loading the target") as progress:
-            pair = load_pair(config.target, None, device=config.device,
-                             trust_remote_code=config.trust_remote_code, progress=progress)
+            pair = load_pair(
+                config.target,
+                None,
+                device=config.device,
+                trust_remote_code=config.trust_remote_code,
+                progress=progress,
+            )
         work = cache_root() / "distill" / target_fingerprint(pair.target.model)
         options = distill.options_from_args(args, work)
-    except (ModelLoadError, IncompatibleTokenizersError) as error:
-        renderer.fatal(str(error))
-        return EXIT_FAILED
-    except ValueError as error:
+    except Exception as error:
+        if (message := known_failure(error)) is not None:  # the target cannot be loaded
+            renderer.fatal(message)
+            return EXIT_FAILED
+        if not isinstance(error, ValueError):
+            raise
         renderer.fatal(f"distill: {error}")
         return EXIT_USAGE
     except KeyboardInterrupt:
@@ -215,33 +242,58 @@ def _run_distill(args: argparse.Namespace) -> int:
                 pair, options, on_data=on_data, on_train=on_train, on_message=renderer.note
             )
     except KeyboardInterrupt:
-        return _interrupted(renderer, "Interrupted: the last checkpoint is kept; run the same "
-                            "command again to resume.")
+        return _interrupted(
+            renderer,
+            "Interrupted: the last checkpoint is kept; run the same command again to resume.",
+        )
     renderer.distilled(description, str(options.output))
     return EXIT_OK
 
 
+def _run_compare(args: argparse.Namespace) -> int:
+    """`python infer.py compare RUN.json...`: saved runs as Markdown (bench_markdown.py)."""
+    return bench_markdown.compare_command(args, sys.stdout.write, sys.stderr.write)
+
+
 def _run_cache(args: argparse.Namespace) -> int:
+    from . import disk_cache
+
     return disk_cache.run(args, Console(highlight=False))
+
+
+def _arguments_of(module: str) -> Callable[[argparse.ArgumentParser], None]:
+    """`module.add_arguments`, imported when a subcommand's flags are configured
+    (only when the command line names it: these modules import torch)."""
+
+    def configure(parser: argparse.ArgumentParser) -> None:
+        importlib.import_module(f".{module}", __package__).add_arguments(parser)
+
+    return configure
 
 
 SUBCOMMANDS: list[Subcommand] = [
     Subcommand(
         "bench",
         "measure speed against the peers on Spec-Bench prompts (bench --help)",
-        bench.add_arguments,
+        _arguments_of("bench"),
         _run_bench,
     ),
     Subcommand(
         "cache",
         "list or clear what specrepl keeps on disk (cache --help)",
-        disk_cache.add_arguments,
+        _arguments_of("disk_cache"),
         _run_cache,
+    ),
+    Subcommand(
+        "compare",
+        "print saved bench runs (--json files) as Markdown tables, side by side (compare --help)",
+        bench_markdown.add_arguments,
+        _run_compare,
     ),
     Subcommand(
         "distill",
         "train a draft head for the target from its own answers (distill --help)",
-        distill.add_arguments,
+        _arguments_of("distill"),
         _run_distill,
     ),
     Subcommand(
@@ -253,7 +305,7 @@ SUBCOMMANDS: list[Subcommand] = [
     Subcommand(
         "soak",
         "answer many prompts in one session, watching memory and determinism (soak --help)",
-        soak.add_arguments,
+        _arguments_of("soak"),
         _run_soak,
     ),
 ]
@@ -386,13 +438,15 @@ def add_setting_options(parser: argparse.ArgumentParser) -> None:
         )
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(*, subcommand_flags: bool = True) -> argparse.ArgumentParser:
+    """The command line's parser; without `subcommand_flags` each subcommand is
+    known by name only (enough to tell whether the line names one)."""
     parser = argparse.ArgumentParser(
         description=(
             "See, measure and use speculative decoding. Without --prompt, opens the "
             "REPL (type /help there)."
         ),
-        epilog=f"Processors: {', '.join(PROCESSORS)}.",
+        epilog=f"Processors: {', '.join(PROCESSOR_NAMES)}.",
     )
     parser.add_argument("--prompt", metavar="TEXT", help="answer one prompt and exit")
     parser.add_argument(
@@ -408,10 +462,25 @@ def build_parser() -> argparse.ArgumentParser:
     if SUBCOMMANDS:
         subparsers = parser.add_subparsers(dest="subcommand", metavar="COMMAND")
         for subcommand in SUBCOMMANDS:
-            sub = subparsers.add_parser(subcommand.name, help=subcommand.help)
-            subcommand.configure(sub)
+            sub = subparsers.add_parser(
+                subcommand.name, help=subcommand.help, add_help=subcommand_flags
+            )
+            if subcommand_flags:
+                subcommand.configure(sub)
             sub.set_defaults(run=subcommand.run)
     return parser
+
+
+def parse_arguments(argv: Sequence[str] | None) -> argparse.Namespace:
+    """The parsed command line. A subcommand's flags are configured (and its module,
+    which may import torch, imported) only when the line names that subcommand."""
+    light = build_parser(subcommand_flags=False)
+    known, _ = light.parse_known_args(argv)
+    if getattr(known, "subcommand", None) is None:
+        return light.parse_args(argv)
+    with signals_held():  # the subcommand's module imports torch (see signals_held)
+        parser = build_parser()
+    return parser.parse_args(argv)
 
 
 def _model_spec(
@@ -467,20 +536,10 @@ def load_models(
     """Load the config's pair into a warmed-up session, showing progress
     (`retime_widths`: time the forward widths again, see widths.py).
 
-    Raises ModelLoadError or IncompatibleTokenizersError.
+    Raises ModelLoadError, IncompatibleTokenizersError, HeadLoadError or SettingError.
     """
     with renderer.loading("Loading models") as progress:
-        pair = load_pair(
-            config.target,
-            config.drafter,
-            device=config.device,
-            trust_remote_code=config.trust_remote_code,
-            progress=progress,
-        )
-        session = ChatSession(pair, config.settings)
-        progress("warming up…")
-        session.warm_up(retime_widths=retime_widths)
-    return session
+        return open_session(config, progress, retime_widths=retime_widths)
 
 
 def one_shot_payload(config: AppConfig, pair: ModelPair, answer: Answer) -> dict[str, Any]:
@@ -534,11 +593,14 @@ def _start(args: argparse.Namespace, renderer: Renderer) -> tuple[AppConfig, Cha
     try:
         retime = bool(getattr(args, "retime_widths", False))
         return config, load_models(config, renderer, retime_widths=retime)
-    except (ModelLoadError, IncompatibleTokenizersError, HeadLoadError, SettingError) as error:
-        renderer.fatal(str(error))
-        return EXIT_FAILED
     except KeyboardInterrupt:
         return _interrupted(renderer, "Interrupted while loading the models.")
+    except Exception as error:
+        message = known_failure(error)
+        if message is None:
+            raise
+        renderer.fatal(message)
+        return EXIT_FAILED
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -555,15 +617,33 @@ def main(argv: Sequence[str] | None = None) -> int:
             return EXIT_TERMINATED
 
 
+def _interactive(args: argparse.Namespace, renderer: Renderer) -> int:
+    """The REPL on a terminal: the prompt at once, the models loading behind it."""
+    try:
+        config = app_config(args)
+    except (ConfigError, SettingError, ValueError) as error:
+        renderer.fatal(str(error))
+        return EXIT_USAGE
+    session = LoadingSession(config, retime_widths=bool(args.retime_widths))
+    reader = repl.make_reader(session, renderer, stdin=sys.stdin)
+    session.set_on_change(reader.wake)
+    session.start()
+    try:
+        return repl.run(session, renderer, reader)
+    except KeyboardInterrupt:
+        return _interrupted(renderer, "Interrupted.")
+
+
 def _main(argv: Sequence[str] | None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parse_arguments(argv)
     subcommand = getattr(args, "run", None)
     if subcommand is not None:
         return int(subcommand(args))
     if args.json and args.prompt is None:
-        parser.error("--json needs --prompt")
-    renderer = Renderer(Console(highlight=False), status_console=Console(stderr=True))
+        build_parser(subcommand_flags=False).error("--json needs --prompt")
+    renderer = Renderer(_report_console(), status_console=Console(stderr=True))
+    if args.prompt is None and sys.stdin.isatty():
+        return _interactive(args, renderer)
     started = _start(args, renderer)
     if isinstance(started, int):
         return started

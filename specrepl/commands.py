@@ -18,16 +18,17 @@ import difflib
 import re
 import shlex
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Union
 
 from .gamma import POLICIES
-from .processors import PROCESSORS
+from .processor_specs import PROCESSOR_NAMES, PROCESSOR_PARAMETERS
 from .settings import DRAFTER_KINDS, SettingError, Settings, shown
 
 if TYPE_CHECKING:
+    from .answers import Change
     from .models import ModelPair
-    from .session import Change, ChatSession
+    from .session import ChatSession
     from .widths import WidthPlan
 
 __all__ = [
@@ -71,11 +72,6 @@ _INTEGER = re.compile(r"[+-]?[0-9]+")
 _NUMBER = re.compile(
     r"[+-]?(?:(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:e[+-]?[0-9]+)?|inf|infinity|nan)", re.IGNORECASE
 )
-
-#: The parameters each processor takes, in the order they are given positionally.
-PROCESSOR_PARAMETERS: dict[str, tuple[str, ...]] = {
-    name: tuple(f.name for f in fields(cls)) for name, cls in PROCESSORS.items()
-}
 
 
 class CommandError(ValueError):
@@ -275,6 +271,8 @@ class Command:
     handler: Handler
     current: Callable[[ChatSession], dict[str, Any]] | None = None
     """Current values of the arguments, for those the user leaves out."""
+    needs_models: bool = False
+    """It reads the loaded models; other commands work while they are still loading."""
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -383,11 +381,12 @@ class CommandRegistry:
         aliases: tuple[str, ...] = (),
         arguments: tuple[Argument, ...] = (),
         current: Callable[[ChatSession], dict[str, Any]] | None = None,
+        needs_models: bool = False,
     ) -> Callable[[Handler], Handler]:
         """Decorator that declares a command with its handler."""
 
         def register(handler: Handler) -> Handler:
-            self.add(Command(name, aliases, arguments, help, handler, current))
+            self.add(Command(name, aliases, arguments, help, handler, current, needs_models))
             return handler
 
         return register
@@ -416,6 +415,14 @@ class CommandRegistry:
         """Lines starting with one `/` are commands (`//text` is a prompt `/text`)."""
         stripped = line.lstrip()
         return stripped.startswith(PREFIX) and not stripped.startswith(PREFIX * 2)
+
+    def needs_models(self, line: str) -> bool:
+        """Whether handling `line` needs the loaded models: a prompt does, and so does
+        a command declared with `needs_models` (an unknown one is refused without them)."""
+        if not self.is_command(line):
+            return True
+        command = self.lookup(([*line.split(maxsplit=1), ""])[0])
+        return command is not None and command.needs_models
 
     def dispatch(self, session: ChatSession, line: str) -> CommandResult:
         """Run the command on `line`; errors come back as `CommandFailed`."""
@@ -615,10 +622,6 @@ def _ngram(session: ChatSession, values: Mapping[str, Any]) -> CommandResult:
     return _set(session, drafter_kind="ngram" if on else "model")
 
 
-def _processor_names() -> tuple[str, ...]:
-    return tuple(PROCESSORS)
-
-
 def _takes(parameter: str) -> tuple[str, tuple[str, ...]]:
     return ("name", tuple(n for n, ps in PROCESSOR_PARAMETERS.items() if parameter in ps))
 
@@ -628,7 +631,7 @@ def _takes(parameter: str) -> tuple[str, tuple[str, ...]]:
     aliases=("proc",),
     help="how tokens are chosen; missing parameters keep their current values",
     arguments=(
-        Argument("name", str, "the processor", setting="processor", choices=_processor_names()),
+        Argument("name", str, "the processor", setting="processor", choices=PROCESSOR_NAMES),
         Argument(
             "temperature", float, "sampling temperature", "temperature", when=_takes("temperature")
         ),
@@ -670,7 +673,7 @@ def _config(session: ChatSession, values: Mapping[str, Any]) -> CommandResult:
     return ShowSettings(session.settings, tuple(Settings.names()), session.kept_caches())
 
 
-@REGISTRY.command("models", help="show the loaded target and drafter")
+@REGISTRY.command("models", help="show the loaded target and drafter", needs_models=True)
 def _models(session: ChatSession, values: Mapping[str, Any]) -> CommandResult:
     return ShowModels(session.pair, session.head_summary())
 
@@ -679,6 +682,7 @@ def _models(session: ChatSession, values: Mapping[str, Any]) -> CommandResult:
     "widths",
     help="show the forward widths each model is padded to; retime: measure them again now",
     arguments=(Argument("retime", str, "measure again", choices=("retime",)),),
+    needs_models=True,
 )
 def _widths(session: ChatSession, values: Mapping[str, Any]) -> CommandResult:
     device = session.pair.device.type

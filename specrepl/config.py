@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .drafters import DrafterOptions
+from .drafter_options import DrafterOptions
 from .settings import DRAFTER_KINDS, SettingError, Settings, shown
 
 if sys.version_info >= (3, 11):

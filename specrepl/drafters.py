@@ -16,6 +16,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from .draft_head import DraftHead, HeadCache
+from .drafter_options import DRAFTER_KINDS, DrafterOptions
 from .forward import context_length, forward_logits, logits_width, model_device
 from .kv_cache import cached_length, new_cache, rollback_to
 from .processors import LogitsProcessor
@@ -278,8 +279,9 @@ class HeadDrafter:
                 laws.append(probs)
             drafted.append(token)
             if index + 1 < k:
-                hidden = head.step(hidden, token[None], torch.tensor([[position]], device=device),
-                                   self.cache)
+                hidden = head.step(
+                    hidden, token[None], torch.tensor([[position]], device=device), self.cache
+                )
                 position += 1
         if not drafted:
             return Draft(sequence.new_empty(0), None)
@@ -576,33 +578,6 @@ class HybridDrafter:
                 self.model_gain = self._average(self.model_gain, valid_length - self._start)
         self._candidate, self._proposed = [], 0
         self.model.update(sequence, valid_length, target_logits, target_features)
-
-
-DRAFTER_KINDS = ("model", "ngram", "lookup", "hybrid", "head")
-
-
-@dataclass(frozen=True)
-class DrafterOptions:
-    """Everything that says which drafter to build (see `build_drafter`)."""
-
-    kind: str = "model"
-    ngram_order: int = 4
-    ngram_keep: bool = False
-    top_k_filler: int = 1
-    lookup_max_ngram: int = 3
-    window: int | None = None
-    min_match: int = 2
-    head: str | None = None
-    """A draft head directory (or "embedded"): the `head` kind drafts with it,
-    and `hybrid` uses it instead of the drafter model."""
-
-    @property
-    def needs_model(self) -> bool:
-        return self.kind == "model" or (self.kind == "hybrid" and self.head is None)
-
-    @property
-    def needs_head(self) -> bool:
-        return self.kind == "head" or (self.kind == "hybrid" and self.head is not None)
 
 
 def build_drafter(

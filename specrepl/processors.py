@@ -29,6 +29,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .processor_specs import describe_processor
+
 __all__ = [
     "PROCESSORS",
     "GreedyProcessor",
@@ -162,8 +164,7 @@ class LogitsProcessor(ABC):
         return {}
 
     def describe(self) -> str:
-        params = ", ".join(f"{key}={value}" for key, value in self.parameters().items())
-        return f"{self.name}({params})" if params else self.name
+        return describe_processor(self.name, self.parameters())
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.parameters()})"
@@ -275,6 +276,8 @@ PROCESSORS: dict[str, type[LogitsProcessor]] = {
         TopKNucleusProcessor,
     )
 }
+"""The class of each name in `processor_specs.PROCESSOR_PARAMETERS`, in its order
+(tests/test_processors.py checks that they agree)."""
 
 
 def make_processor(

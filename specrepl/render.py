@@ -37,6 +37,7 @@ from rich.progress import (
 from rich.table import Table
 from rich.text import Text
 
+from .answers import GENERATORS, Answer, Run, RunFinished, RunStarted, RunStep, SessionEvent
 from .chat_replay import MODES as REPLAY_MODES
 from .commands import (
     SAMPLING_SETTINGS,
@@ -51,7 +52,6 @@ from .commands import (
     ShowWidths,
 )
 from .prompting import printable
-from .session import GENERATORS, Answer, Run, RunFinished, RunStarted, RunStep, SessionEvent
 from .settings import Settings
 
 if TYPE_CHECKING:
@@ -60,8 +60,16 @@ if TYPE_CHECKING:
     from .distill_train import TrainProgress
     from .models import LoadedModel, ModelPair
     from .soak import SoakResult
+    from .startup import LoadingSession, ModelsArrived
 
-__all__ = ["AnswerView", "Renderer", "format_bytes", "format_value", "settings_line"]
+__all__ = [
+    "AnswerView",
+    "Renderer",
+    "format_bytes",
+    "format_value",
+    "loading_line",
+    "settings_line",
+]
 
 DASH = "—"
 GENERATOR_STYLE = {"speculative": "green", "target": "blue", "drafter": "magenta"}
@@ -101,6 +109,11 @@ def format_value(value: Any) -> str:
     return text
 
 
+def loading_line(stage: str) -> str:
+    """The toolbar's start while the models load in the background."""
+    return f" loading models: {printable(stage)} │"
+
+
 def settings_line(settings: Settings) -> str:
     """The live settings in one line (the REPL's bottom toolbar)."""
     runs = " ".join(
@@ -109,7 +122,7 @@ def settings_line(settings: Settings) -> str:
     )
     return (
         f" γ={settings.describe_gamma()} {settings.drafter_kind} │ "
-        f"{settings.logits_processor().describe()} │ {runs} │ "
+        f"{settings.describe_processor()} │ {runs} │ "
         f"cache {format_value(settings.use_cache)} │ chat {format_value(settings.chat)} │ "
         f"debug {format_value(settings.debug)} │ max {settings.max_new_tokens} │ "
         f"seed {settings.seed}"
@@ -216,7 +229,7 @@ class AnswerView:
         if event.generator == "speculative":
             details.append(f"{settings.drafter_kind} drafter")
             details.append(f"γ={settings.describe_gamma()}")
-        details.append(settings.logits_processor().describe())
+        details.append(settings.describe_processor())
         self.title = f"[bold]{details[0]}[/bold] · " + " · ".join(details[1:])
         self.style = GENERATOR_STYLE[event.generator]
         self.debug = settings.debug and event.generator == "speculative"
@@ -304,6 +317,32 @@ class Renderer:
             style="dim",
         )
 
+    def models_loading(self) -> None:
+        self.console.print(
+            "The models are loading (see the toolbar); commands work meanwhile, and a"
+            " prompt waits for them.",
+            style="dim",
+        )
+
+    def wait_for_models(self, session: LoadingSession) -> None:
+        """A spinner with the loading stage until the models are loaded (or have
+        failed); Ctrl-C ends the wait with KeyboardInterrupt."""
+        with self.status_console.status("waiting for the models") as status:
+            while not session.wait(0.1):
+                status.update(Text(f"waiting for the models: {printable(session.stage)}"))
+
+    def stopped_waiting(self) -> None:
+        self.console.print(
+            "Stopped waiting: that line was not run; the models go on loading.", style="yellow"
+        )
+
+    def models_arrived(self, arrived: ModelsArrived) -> None:
+        """The models loaded in the background: the same table as a foreground start."""
+        self.loaded(arrived.session.pair, arrived.session.head_summary())
+        self.console.print(f"Models ready after {arrived.seconds:.1f} s.", style="dim")
+        for notice in arrived.notices:
+            self.error(notice)
+
     def echo(self, prompt: str, line: str) -> None:
         """Show a line read from a pipe, as if it had been typed."""
         self.console.print(Text(prompt, style="bold") + Text(line))
@@ -361,7 +400,7 @@ class Renderer:
                 line.append(format_value(change.new), style="cyan")
             self.console.print(line)
         if any(change.name in SAMPLING_SETTINGS for change in result.changes):
-            described = result.settings.logits_processor().describe()
+            described = result.settings.describe_processor()
             self.console.print(Text("sampling: ", style="bold") + Text(described, style="cyan"))
 
     @show.register

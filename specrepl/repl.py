@@ -23,7 +23,7 @@ import sys
 from collections.abc import Iterator
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Protocol, TextIO
+from typing import TYPE_CHECKING, Protocol, TextIO
 
 from prompt_toolkit import PromptSession
 from prompt_toolkit.auto_suggest import AutoSuggestFromHistory
@@ -34,9 +34,12 @@ from prompt_toolkit.input import Input
 from prompt_toolkit.output import Output
 
 from .commands import REGISTRY, CommandRegistry, Quit
-from .render import Renderer, settings_line
-from .session import ChatSession
+from .render import Renderer, loading_line, settings_line
 from .signals import EXIT_TERMINATED, Terminated, sigterm_unwinds
+from .startup import LoadingSession, StartupFailed
+
+if TYPE_CHECKING:
+    from .session import ChatSession
 
 __all__ = [
     "EXIT_TERMINATED",
@@ -54,6 +57,7 @@ __all__ = [
 ]
 
 PROMPT = "› "
+EXIT_FAILED = 1
 
 
 class LineReader(Protocol):
@@ -66,6 +70,10 @@ class LineReader(Protocol):
     def read(self) -> str: ...
 
     def busy(self) -> AbstractContextManager[None]: ...
+
+    def wake(self) -> None:
+        """Called from the loading thread when the models' state changed."""
+        ...
 
 
 @contextlib.contextmanager
@@ -142,7 +150,7 @@ class TerminalReader:
 
     def __init__(
         self,
-        session: ChatSession,
+        session: ChatSession | LoadingSession,
         registry: CommandRegistry = REGISTRY,
         *,
         history_path: Path | None = None,
@@ -151,21 +159,51 @@ class TerminalReader:
         stdin: TextIO | None = None,
     ) -> None:
         self.stdin = stdin or sys.stdin
+        self.session = session
         self.prompt_session: PromptSession[str] = PromptSession(
             history=_history(history_path),
             auto_suggest=AutoSuggestFromHistory(),
             completer=RegistryCompleter(registry),
             complete_while_typing=True,
-            bottom_toolbar=lambda: settings_line(session.settings),
+            bottom_toolbar=self._toolbar,
             input=input,
             output=output,
         )
 
+    def _toolbar(self) -> str:
+        session = self.session
+        if isinstance(session, LoadingSession) and not session.finished:
+            return loading_line(session.stage) + settings_line(session.settings)
+        return settings_line(session.settings)
+
     def read(self) -> str:
-        return self.prompt_session.prompt(PROMPT)
+        return self.prompt_session.prompt(PROMPT, pre_run=self._soon_leave_if_failed)
 
     def busy(self) -> AbstractContextManager[None]:
         return _no_echo(self.stdin)
+
+    def wake(self) -> None:
+        """Redraw the toolbar, or leave the prompt if the models failed to load
+        (`read` raises StartupFailed). Safe to call from any thread."""
+        session = self.session
+        if isinstance(session, LoadingSession) and session.failure is not None:
+            self._soon_leave_if_failed()
+        else:
+            self.prompt_session.app.invalidate()
+
+    def _soon_leave_if_failed(self) -> None:
+        """On the prompt's event loop: end the prompt with StartupFailed if the models
+        failed. Called when a prompt starts and by `wake`, so a failure is never missed."""
+        app = self.prompt_session.app
+        loop = app.loop
+        if app.is_running and loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(self._leave_if_failed)
+
+    def _leave_if_failed(self) -> None:
+        app, session = self.prompt_session.app, self.session
+        failure = session.failure if isinstance(session, LoadingSession) else None
+        if failure is not None and app.is_running and app.future and not app.future.done():
+            app.exit(exception=StartupFailed(failure))
 
 
 class PipeReader:
@@ -181,6 +219,9 @@ class PipeReader:
     def busy(self) -> AbstractContextManager[None]:
         return contextlib.nullcontext()
 
+    def wake(self) -> None:
+        pass  # nothing is drawn between lines
+
     def read(self) -> str:
         line = self.stream.readline()
         if not line:
@@ -191,7 +232,7 @@ class PipeReader:
 
 
 def make_reader(
-    session: ChatSession,
+    session: ChatSession | LoadingSession,
     renderer: Renderer,
     registry: CommandRegistry = REGISTRY,
     *,
@@ -219,8 +260,35 @@ def handle_line(
     return True
 
 
+def _settle(session: ChatSession | LoadingSession, renderer: Renderer) -> None:
+    """Show the models once they have arrived (raises StartupFailed if they cannot)."""
+    if isinstance(session, LoadingSession):
+        arrived = session.settle()
+        if arrived is not None:
+            renderer.models_arrived(arrived)
+
+
+def _await_models(
+    session: ChatSession | LoadingSession, renderer: Renderer, line: str, registry: CommandRegistry
+) -> bool:
+    """Before a line that needs the models, wait for them; False when Ctrl-C gave
+    up the line (the models go on loading)."""
+    if isinstance(session, LoadingSession) and not session.ready:
+        if registry.needs_models(line) and not session.finished:
+            try:
+                renderer.wait_for_models(session)
+            except KeyboardInterrupt:
+                renderer.stopped_waiting()
+                return False
+        _settle(session, renderer)
+    return True
+
+
 def _turn(
-    session: ChatSession, renderer: Renderer, reader: LineReader, registry: CommandRegistry
+    session: ChatSession | LoadingSession,
+    renderer: Renderer,
+    reader: LineReader,
+    registry: CommandRegistry,
 ) -> bool:
     """Read and handle one line; False at the end of the input or after `/quit`."""
     try:
@@ -232,28 +300,35 @@ def _turn(
     history, settings = list(session.history), session.settings
     try:
         with reader.busy():
+            if not _await_models(session, renderer, line, registry):
+                return True
             return handle_line(line, session, renderer, registry)
     except KeyboardInterrupt:
         # e.g. while the summary was drawn: the answer may already be in the history
         renderer.interrupted(session.history != history or session.settings != settings)
+    except StartupFailed:
+        raise
     except Exception as error:  # the loop outlives any one failure
         renderer.error(f"{type(error).__name__}: {error}")
     return True
 
 
 def run(
-    session: ChatSession,
+    session: ChatSession | LoadingSession,
     renderer: Renderer,
     reader: LineReader,
     registry: CommandRegistry = REGISTRY,
 ) -> int:
-    """The loop; returns the exit status: 0, or `EXIT_TERMINATED` after SIGTERM.
+    """The loop; returns the exit status: 0, `EXIT_FAILED` when the models of a
+    `LoadingSession` cannot be loaded, or `EXIT_TERMINATED` after SIGTERM.
 
     Ctrl-C during the welcome or the goodbye is left to the caller.
     """
     with sigterm_unwinds():
         try:
             renderer.welcome(reader.interactive)
+            if isinstance(session, LoadingSession):
+                renderer.models_loading()
             while True:
                 try:
                     if not _turn(session, renderer, reader, registry):
@@ -261,6 +336,9 @@ def run(
                 except KeyboardInterrupt:
                     continue  # a second Ctrl-C while the first one was being reported
             renderer.goodbye()
+        except StartupFailed as error:
+            renderer.fatal(str(error))
+            return EXIT_FAILED
         except Terminated:
             renderer.terminated()
             return EXIT_TERMINATED

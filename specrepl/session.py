@@ -22,12 +22,25 @@ prompt_toolkit. Settings are only changed through `Settings.updated`.
 from __future__ import annotations
 
 import gc
-from collections.abc import Callable
-from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Literal, Union
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+from .answers import (
+    GENERATORS,
+    Answer,
+    Change,
+    EventCallback,
+    GeneratorName,
+    Message,
+    PromptMode,
+    Run,
+    RunFinished,
+    RunStarted,
+    RunStep,
+    StepPieces,
+)
 from .draft_head import DraftHead, HeadLoadError, fastest_dtype, load_head, resolve_head
 from .drafters import Drafter, NgramDrafter, build_drafter
 from .forward import context_length
@@ -41,7 +54,7 @@ from .gguf_cache import cache_root
 from .processors import UnusableLogitsError
 from .prompt_cache import PromptCache
 from .prompting import PromptEncodingError, chat_prompt_ids, clean_prompt, text_prompt_ids
-from .results import GenerationResult, StepEvent
+from .results import StepEvent
 from .settings import SettingError, Settings
 from .widths import WidthPlan, tune_pair_widths, width_plan
 
@@ -50,163 +63,15 @@ if TYPE_CHECKING:
 
     from .models import ModelPair
 
-__all__ = [
-    "GENERATORS",
-    "Answer",
-    "Change",
-    "ChatSession",
-    "GeneratorName",
-    "Message",
-    "Run",
-    "RunFinished",
-    "RunStarted",
-    "RunStep",
-    "SessionEvent",
-    "StepPieces",
-]
-
-GeneratorName = Literal["speculative", "target", "drafter"]
-PromptMode = Literal["chat", "raw"]
-Message = dict[str, str]
+__all__ = ["ChatSession"]
 
 #: Raised by torch when a device runs out of memory (`torch.OutOfMemoryError` in recent
 #: releases is this class; older ones only have it under `torch.cuda`).
 _OutOfMemoryError = torch.cuda.OutOfMemoryError
 
-#: The generators in the order they run, each with the setting that switches it on.
-GENERATORS: dict[GeneratorName, str] = {
-    "speculative": "speculative",
-    "target": "target_gen",
-    "drafter": "drafter_gen",
-}
 CACHE_SETTINGS = ("use_cache", "chat", "system_prompt")
 """Settings whose change drops the caches kept between turns (a change of drafter
 starts its own; see `ChatSession._drafter`)."""
-
-
-@dataclass(frozen=True)
-class Change:
-    """One setting that a command changed."""
-
-    name: str
-    old: Any
-    new: Any
-
-
-@dataclass(frozen=True)
-class StepPieces:
-    """The tokens of one speculative step, decoded one by one (for the debug view).
-
-    `accepted` are the drafts the target kept, `rejected` the first draft it
-    refused, and `target` the token the target chose itself: the correction at
-    the rejected position, or the bonus token when every draft was accepted.
-    """
-
-    accepted: tuple[str, ...]
-    rejected: str | None
-    target: str | None
-
-
-@dataclass(frozen=True)
-class RunStarted:
-    """A generator is about to run."""
-
-    generator: GeneratorName
-    prompt_tokens: int
-    settings: Settings
-
-
-@dataclass(frozen=True)
-class RunStep:
-    """One decoding step of a running generator."""
-
-    generator: GeneratorName
-    step: StepEvent
-    text: str
-    """What the visible (special-token free) answer grew by in this step."""
-    pieces: StepPieces | None
-    """The step's tokens one by one; only filled when `Settings.debug` is on."""
-
-
-@dataclass
-class Run:
-    """One generator's finished (or interrupted) run."""
-
-    generator: GeneratorName
-    result: GenerationResult
-    text: str
-
-    @property
-    def interrupted(self) -> bool:
-        return self.result.stop_reason == "interrupted"
-
-    def to_dict(self) -> dict[str, object]:
-        figures = self.result.to_dict()
-        figures["text"] = self.text
-        figures["generator"] = self.generator
-        figures["interrupted"] = self.interrupted
-        return figures
-
-
-@dataclass(frozen=True)
-class RunFinished:
-    """A generator has finished, or was interrupted (see `run.interrupted`)."""
-
-    generator: GeneratorName
-    run: Run
-
-
-SessionEvent = Union[RunStarted, RunStep, RunFinished]  # noqa: UP007 - a runtime alias
-EventCallback = Callable[[SessionEvent], None]
-
-
-@dataclass
-class Answer:
-    """Everything one prompt produced: a run per enabled generator, or a refusal."""
-
-    prompt: str
-    mode: PromptMode
-    settings: Settings
-    prompt_tokens: int = 0
-    runs: dict[GeneratorName, Run] = field(default_factory=dict)
-    refusal: str | None = None
-    notices: list[str] = field(default_factory=list)
-
-    @property
-    def interrupted(self) -> bool:
-        return any(run.interrupted for run in self.runs.values())
-
-    @property
-    def reply(self) -> Run | None:
-        """The run whose text answers the prompt (speculative, else target, else drafter)."""
-        return next(iter(self.runs.values()), None)
-
-    def speedup_of(self, generator: GeneratorName) -> float | None:
-        """`generator`'s tokens/s over the target-only run's; None unless both completed."""
-        run, baseline = self.runs.get(generator), self.runs.get("target")
-        if run is None or baseline is None or run.interrupted or baseline.interrupted:
-            return None
-        fast, slow = run.result.tokens_per_second, baseline.result.tokens_per_second
-        if fast is None or not slow:
-            return None
-        return fast / slow
-
-    @property
-    def speedup(self) -> float | None:
-        """Speculative tokens/s over target tokens/s (None when either did not complete)."""
-        return self.speedup_of("speculative")
-
-    def to_dict(self) -> dict[str, object]:
-        return {
-            "prompt": self.prompt,
-            "mode": self.mode,
-            "settings": self.settings.as_dict(),
-            "prompt_tokens": self.prompt_tokens,
-            "refusal": self.refusal,
-            "interrupted": self.interrupted,
-            "runs": {name: run.to_dict() for name, run in self.runs.items()},
-            "speedup": self.speedup,
-        }
 
 
 class _TextStream:
@@ -243,10 +108,7 @@ class ChatSession:
         self.history: list[Message] = []
         settings = settings or Settings()
         if pair.drafter is None:
-            off = {"drafter_gen": False}
-            if settings.drafter_options().needs_model:
-                off["speculative"] = False
-            settings = settings.updated(**off)
+            settings = settings.without_drafter_model()
         self._heads: dict[str, tuple[DraftHead, dict[str, Any]]] = {}
         self._check_head(settings)
         self.settings = settings
@@ -271,15 +133,7 @@ class ChatSession:
     def update(self, **changes: Any) -> list[Change]:
         """Apply validated setting changes; on error raise SettingError and change nothing."""
         updated = self.settings.updated(**changes)
-        if self.pair.drafter is None:
-            if updated.drafter_gen:
-                raise SettingError("drafter_gen needs a drafter model, and none is loaded")
-            if updated.speculative and updated.drafter_options().needs_model:
-                raise SettingError(
-                    f"speculative decoding with the {updated.drafter_kind} drafter needs a drafter"
-                    " model, and none is loaded: choose /drafter_kind ngram, lookup or head, or"
-                    " start with --drafter"
-                )
+        updated.check_drafter_model(self.pair.drafter is not None)
         try:
             self._check_head(updated)
         except HeadLoadError as error:

@@ -3,18 +3,23 @@
 Config files, command-line flags and REPL commands all change settings through
 `Settings.updated(...)`, which validates every value and either returns a new
 `Settings` or raises `SettingError` naming the valid range; the old value is
-never touched. This module knows nothing about models or the terminal.
+never touched. This module knows nothing about models or the terminal, and
+imports no model library (not even torch): the REPL's prompt and toolbar are
+drawn from it while the models load.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field, fields, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .drafters import DRAFTER_KINDS, DrafterOptions
+from .drafter_options import DRAFTER_KINDS, DrafterOptions
 from .gamma import POLICIES, GammaPolicy, make_policy
-from .processors import PROCESSORS, LogitsProcessor, make_processor
+from .processor_specs import PROCESSOR_NAMES, PROCESSOR_PARAMETERS, describe_processor
+
+if TYPE_CHECKING:
+    from .processors import LogitsProcessor
 
 GAMMA_MAX = 64
 NGRAM_ORDER_MAX = 8
@@ -158,7 +163,7 @@ class Settings:
         "model drafter reads the last N prompt tokens (0: all)",
     )
     processor: str = _setting(
-        "greedy", Bound(str, choices=tuple(PROCESSORS)), "how tokens are chosen from the logits"
+        "greedy", Bound(str, choices=PROCESSOR_NAMES), "how tokens are chosen from the logits"
     )
     temperature: float = _setting(
         1.0, Bound(float, 0, TEMPERATURE_MAX, low_inclusive=False), "sampling temperature"
@@ -194,10 +199,39 @@ class Settings:
             )
         return replace(self, **changes)
 
+    def without_drafter_model(self) -> Settings:
+        """These settings for a pair with no drafter model: the drafter-alone run
+        off, and speculative decoding too when the drafter kind needs the model."""
+        off: dict[str, Any] = {"drafter_gen": False}
+        if self.drafter_options().needs_model:
+            off["speculative"] = False
+        return self.updated(**off)
+
+    def check_drafter_model(self, loaded: bool) -> None:
+        """Raise SettingError when these settings need a drafter model and none is `loaded`."""
+        if loaded:
+            return
+        if self.drafter_gen:
+            raise SettingError("drafter_gen needs a drafter model, and none is loaded")
+        if self.speculative and self.drafter_options().needs_model:
+            raise SettingError(
+                f"speculative decoding with the {self.drafter_kind} drafter needs a drafter"
+                " model, and none is loaded: choose /drafter_kind ngram, lookup or head, or"
+                " start with --drafter"
+            )
+
     def logits_processor(self) -> LogitsProcessor:
+        # imported here: processors.py needs torch, and settings are read before torch is
+        from .processors import make_processor
+
         return make_processor(
             self.processor, temperature=self.temperature, top_k=self.top_k, top_p=self.top_p
         )
+
+    def describe_processor(self) -> str:
+        """`topk(temperature=0.7, top_k=40)`: the processor and its parameters."""
+        parameters = {name: getattr(self, name) for name in PROCESSOR_PARAMETERS[self.processor]}
+        return describe_processor(self.processor, parameters)
 
     def drafter_options(self) -> DrafterOptions:
         return DrafterOptions(

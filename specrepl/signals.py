@@ -19,7 +19,13 @@ import threading
 from collections.abc import Iterator
 from types import FrameType
 
-__all__ = ["EXIT_INTERRUPTED", "EXIT_TERMINATED", "Terminated", "sigterm_unwinds"]
+__all__ = [
+    "EXIT_INTERRUPTED",
+    "EXIT_TERMINATED",
+    "Terminated",
+    "signals_held",
+    "sigterm_unwinds",
+]
 
 EXIT_INTERRUPTED = 128 + signal.SIGINT
 """The status after Ctrl-C (130)."""
@@ -66,3 +72,34 @@ def sigterm_unwinds() -> Iterator[None]:
     finally:
         # None: the previous handler was not set from Python; the default is the best guess
         signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
+
+
+@contextlib.contextmanager
+def signals_held() -> Iterator[None]:
+    """Hold Ctrl-C and SIGTERM while the block runs, and deliver the first one that
+    came as soon as it ends, through the handler in force before.
+
+    For importing torch and transformers: an exception raised in the middle of
+    it can land inside torch's C++ initialisation, which aborts the process
+    (SIGABRT, "terminate called after throwing an instance of ..."), or leave
+    a module half-imported so that a later import fails. Held, the signal
+    costs at most the rest of the import (a few seconds). Does nothing outside
+    the main thread, which receives no signal.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    received: list[int] = []
+
+    def hold(signum: int, frame: FrameType | None) -> None:
+        received.append(signum)
+
+    held = (signal.SIGINT, signal.SIGTERM)
+    previous = {number: signal.signal(number, hold) for number in held}
+    try:
+        yield
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, signal.SIG_DFL if handler is None else handler)
+        if received:
+            signal.raise_signal(received[0])

@@ -35,8 +35,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from .answers import Answer, Message
 from .config import default_config_path
-from .session import Answer, ChatSession, Message
+from .session import ChatSession
 from .settings import Settings
 
 if TYPE_CHECKING:

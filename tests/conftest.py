@@ -42,3 +42,25 @@ def embedded_pair(embedded_cache_dir: str):
     from specrepl.models import load_pair
 
     return load_pair("embedded", ModelSpec("embedded", dtype="bfloat16"))
+
+
+@pytest.fixture(scope="session")
+def tiny_config_file(tmp_path_factory: pytest.TempPathFactory):
+    """A config file whose target and drafter are tiny models saved as local
+    directories: what a user's own pair is to `python infer.py --config`."""
+    from specrepl.testing import perturbed_copy, tiny_llama, tiny_tokenizer
+
+    root = tmp_path_factory.mktemp("tiny-config")
+    target = tiny_llama(32, seed=4)
+    target.save_pretrained(root / "target")
+    tiny_tokenizer(32).save_pretrained(root / "target")
+    perturbed_copy(target, 0.3, seed=2).save_pretrained(root / "drafter")
+    path = root / "tiny.toml"
+    path.write_text(
+        f'device = "cpu"\n'
+        f'[target]\nsource = "{root / "target"}"\n'
+        f'[drafter]\nsource = "{root / "drafter"}"\n'
+        f'[generation]\nmax_new_tokens = 8\ngamma = 4\ngamma_policy = "fixed"\n'
+        f'drafter_kind = "model"\n'
+    )
+    return path

@@ -8,9 +8,10 @@ from typing import Any
 
 import pytest
 
+from specrepl.answers import Answer
 from specrepl.commands import REGISTRY
 from specrepl.models import ModelPair
-from specrepl.session import Answer, ChatSession
+from specrepl.session import ChatSession
 from specrepl.settings import Settings
 from specrepl.testing import interrupt_on_call
 

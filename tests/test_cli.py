@@ -14,7 +14,7 @@ import pytest
 
 from specrepl import cli
 from specrepl.settings import Settings
-from specrepl.testing import perturbed_copy, tiny_llama, tiny_tokenizer
+from specrepl.testing import tiny_llama, tiny_tokenizer
 
 ROOT = Path(__file__).resolve().parent.parent
 RUN_FIELDS = {
@@ -33,20 +33,11 @@ RUN_FIELDS = {
 
 
 @pytest.fixture(scope="module")
-def config_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A config whose target and drafter are tiny models saved as local directories."""
-    root = tmp_path_factory.mktemp("tiny")
-    target = tiny_llama(32, seed=4)
-    target.save_pretrained(root / "target")
-    tiny_tokenizer(32).save_pretrained(root / "target")
-    perturbed_copy(target, 0.3, seed=2).save_pretrained(root / "drafter")
-    path = root / "tiny.toml"
-    path.write_text(
-        f'device = "cpu"\n'
-        f'[target]\nsource = "{root / "target"}"\n'
-        f'[drafter]\nsource = "{root / "drafter"}"\n'
-        f"[generation]\nmax_new_tokens = 8\ngamma = 3\n"
-    )
+def config_file(tiny_config_file: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny pair's config (conftest.py) with this file's generation settings."""
+    models = tiny_config_file.read_text().split("[generation]")[0]
+    path = tmp_path_factory.mktemp("cli") / "tiny.toml"
+    path.write_text(models + "[generation]\nmax_new_tokens = 8\ngamma = 3\n")
     return path
 
 

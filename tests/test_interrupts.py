@@ -32,12 +32,13 @@ from prompt_toolkit.input import create_pipe_input
 from prompt_toolkit.output import DummyOutput
 from rich.console import Console
 
-from specrepl import cli
+from specrepl import cli, models
+from specrepl.answers import Answer, Message, RunFinished, RunStarted, RunStep
 from specrepl.drafters import NgramDrafter
 from specrepl.models import ModelPair
 from specrepl.render import AnswerView, Renderer
 from specrepl.repl import EXIT_TERMINATED, PipeReader, TerminalReader, run
-from specrepl.session import Answer, ChatSession, Message, RunFinished, RunStarted, RunStep
+from specrepl.session import ChatSession
 from specrepl.settings import Settings
 from specrepl.testing import interrupt_on_call, perturbed_copy, tiny_llama, tiny_tokenizer
 
@@ -85,9 +86,9 @@ def test_ctrl_c_while_loading_exits_130_without_a_traceback(
         raise KeyboardInterrupt
 
     if stage == "load_pair":
-        monkeypatch.setattr(cli, "load_pair", interrupted)
+        monkeypatch.setattr(models, "load_pair", interrupted)
     else:
-        monkeypatch.setattr(cli, "load_pair", lambda *args, **kwargs: pair)
+        monkeypatch.setattr(models, "load_pair", lambda *args, **kwargs: pair)
         monkeypatch.setattr(ChatSession, "warm_up", interrupted)
     monkeypatch.setattr(sys, "stdin", io.StringIO("w7\n"))
     assert cli.main(argv) == 130
@@ -103,7 +104,7 @@ def test_ctrl_c_in_the_repl_welcome_exits_130(
     def interrupted(self: Renderer, interactive: bool) -> None:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(cli, "load_pair", lambda *args, **kwargs: pair)
+    monkeypatch.setattr(models, "load_pair", lambda *args, **kwargs: pair)
     monkeypatch.setattr(Renderer, "welcome", interrupted)
     monkeypatch.setattr(sys, "stdin", io.StringIO("w7\n"))
     assert cli.main([]) == 130
@@ -533,8 +534,8 @@ class Output:
 def test_sigint_while_loading_in_a_real_process(models_dir: Path) -> None:
     slow_loader = (
         "import sys, time\n"
-        "import specrepl.cli as cli\n"
-        "cli.load_pair = lambda *args, **kwargs: time.sleep(300)\n"
+        "import specrepl.cli as cli, specrepl.models as models\n"
+        "models.load_pair = lambda *args, **kwargs: time.sleep(300)\n"
         "raise SystemExit(cli.main(sys.argv[1:]))\n"
     )
     child = subprocess.Popen(

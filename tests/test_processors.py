@@ -98,3 +98,17 @@ def test_sampling_uses_the_explicit_generator() -> None:
 def test_bad_parameters_are_refused(name: str, kwargs: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         make_processor(name, **kwargs)
+
+
+def test_processor_specs_name_each_class_and_its_parameters() -> None:
+    """The torch-free declaration (processor_specs.py) and the classes agree."""
+    from dataclasses import fields
+
+    from specrepl.processor_specs import PROCESSOR_PARAMETERS, describe_processor
+
+    assert tuple(PROCESSORS) == tuple(PROCESSOR_PARAMETERS)
+    for name, cls in PROCESSORS.items():
+        assert tuple(f.name for f in fields(cls)) == PROCESSOR_PARAMETERS[name]
+        processor = cls()
+        assert tuple(processor.parameters()) == PROCESSOR_PARAMETERS[name]
+        assert processor.describe() == describe_processor(name, processor.parameters())

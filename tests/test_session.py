@@ -10,14 +10,9 @@ from typing import Any
 import pytest
 import torch
 
+from specrepl.answers import RunFinished, RunStarted, RunStep, SessionEvent
 from specrepl.models import ModelPair
-from specrepl.session import (
-    ChatSession,
-    RunFinished,
-    RunStarted,
-    RunStep,
-    SessionEvent,
-)
+from specrepl.session import ChatSession
 from specrepl.settings import Settings
 from specrepl.testing import interrupt_on_call, tiny_llama, tiny_tokenizer
 

@@ -9,8 +9,9 @@ from typing import Any
 
 import pytest
 
+from specrepl.answers import Answer
 from specrepl.models import ModelPair
-from specrepl.session import Answer, ChatSession
+from specrepl.session import ChatSession
 from specrepl.settings import Settings
 from specrepl.soak import MIB, VARIANTS, repeatable, resident_bytes, soak, usable_variants
 from specrepl.testing import interrupt_on_call
