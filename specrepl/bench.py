@@ -65,13 +65,14 @@ from rich.progress import (
 from .atomic import write_text_atomically
 from .bench_markdown import run_markdown
 from .compatibility import IncompatibleTokenizersError
-from .config import AppConfig, ConfigError, default_config_path, load_config
+from .config import AppConfig, ConfigError
 from .draft_head import HeadLoadError, load_head, resolve_head
 from .drafters import DRAFTER_KINDS, Drafter, DrafterOptions, build_drafter
-from .gamma import POLICIES, FixedGamma, GammaPolicy, expected_tokens, make_policy
+from .flags import add_model_options, add_setting_options, app_config
+from .gamma import FixedGamma, GammaPolicy, expected_tokens, make_policy
 from .generation import autoregressive_generate, speculative_generate
 from .models import ModelLoadError, ModelPair, load_pair
-from .processors import PROCESSORS, LogitsProcessor
+from .processors import LogitsProcessor
 from .results import GenerationResult, StepEvent
 from .settings import GAMMA_MAX, SettingError, Settings
 from .signals import EXIT_INTERRUPTED
@@ -95,7 +96,6 @@ __all__ = [
     "default_prompts_path",
     "load_prompts",
     "machine_info",
-    "parse_gamma",
     "parse_sweep",
     "predict_from_steps",
     "predicted_speedup",
@@ -259,31 +259,6 @@ class GammaSpec:
 
     def describe(self) -> str:
         return str(self.gamma) if self.policy == "fixed" else f"{self.policy}≤{self.gamma}"
-
-
-def parse_gamma(value: str | int | None, default: int, policy: str = "fixed") -> GammaSpec:
-    """`4` (fixed 4), `auto` (auto up to `default`), `auto:8`, `fixed:3`, ...;
-    nothing given: `policy` with `default` (the config's)."""
-    if value is None:
-        return GammaSpec(policy, default)
-    text = str(value).strip().lower()
-    name, _, number = text.partition(":")
-    if name.isdigit() and not number:
-        name, number = "fixed", name
-    if name not in POLICIES:
-        raise BenchError(
-            f"--gamma: expected an integer or a policy name ({', '.join(POLICIES)}), "
-            f"optionally with :N for its value or maximum, got {value!r}"
-        )
-    if not number:
-        gamma = default
-    elif number.isdigit():
-        gamma = int(number)
-    else:
-        raise BenchError(f"--gamma: {number!r} after the colon is not an integer")
-    if not 1 <= gamma <= GAMMA_MAX:
-        raise BenchError(f"--gamma: the value must be between 1 and {GAMMA_MAX}, got {gamma}")
-    return GammaSpec(name, gamma)
 
 
 def parse_sweep(value: str | None) -> tuple[int, ...]:
@@ -1360,12 +1335,8 @@ class BenchReport:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The flags of `python infer.py bench`.
-
-    Flags that the main parser also has (--config, --gamma, --processor, ...)
-    default to "not given" here, so a value given before `bench` survives.
-    """
-    keep = argparse.SUPPRESS
+    """The flags of `python infer.py bench`: its own, and the model and setting flags
+    every entry point takes (flags.py), which mean the same before or after `bench`."""
     parser.add_argument(
         "--prompts",
         metavar="PATH",
@@ -1375,38 +1346,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--limit", type=int, metavar="N", help="at most N prompts per category")
     parser.add_argument(
         "--categories", metavar="A,B", help="only these categories (comma-separated)"
-    )
-    parser.add_argument(
-        "--max-new-tokens", type=int, metavar="N", default=keep, help="new tokens per prompt"
-    )
-    parser.add_argument(
-        "--processor",
-        choices=tuple(PROCESSORS),
-        metavar="NAME",
-        default=keep,
-        help=f"decoding rule: {', '.join(PROCESSORS)} (default: the config's)",
-    )
-    parser.add_argument("--temperature", type=float, metavar="X", default=keep)
-    parser.add_argument("--top-k", type=int, metavar="N", default=keep)
-    parser.add_argument("--top-p", type=float, metavar="X", default=keep)
-    parser.add_argument(
-        "--gamma",
-        metavar="N|POLICY[:N]",
-        default=keep,
-        help=f"drafts per step: an integer, or a policy ({', '.join(POLICIES)}) with an "
-        "optional maximum, e.g. auto:8 (default: the config's gamma and policy)",
-    )
-    parser.add_argument(
-        "--drafter-kind",
-        choices=DRAFTER_KINDS,
-        help="model (the config's drafter), ngram, lookup, head (a trained draft head) or "
-        "hybrid (default: the config's drafter kind)",
-    )
-    parser.add_argument(
-        "--drafter-head",
-        metavar="PATH",
-        help="draft head for --drafter-kind head or hybrid: a directory, embedded, or none "
-        "(default: the config's)",
     )
     parser.add_argument(
         "--peers",
@@ -1431,13 +1370,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--chart", dest="chart_out", metavar="OUT.png", help="draw speedups here (matplotlib)"
     )
     parser.add_argument(
-        "--config",
-        metavar="PATH",
-        default=keep,
-        help=f"TOML config file (default: {default_config_path()})",
-    )
-    parser.add_argument("--seed", type=int, metavar="N", default=keep, help="sampling seed")
-    parser.add_argument(
         "--warmup", type=int, metavar="N", default=1, help="warm-up runs of every method (1)"
     )
     parser.add_argument(
@@ -1446,6 +1378,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="tune",
         help="tune: time each model's forward widths first and pad to cheaper ones (default)",
     )
+    add_model_options(parser, after_subcommand=True)
+    add_setting_options(parser, after_subcommand=True)
 
 
 def _arg(args: argparse.Namespace, name: str) -> Any:
@@ -1473,16 +1407,8 @@ class _Plan:
 
 def _plan(args: argparse.Namespace) -> _Plan:
     """Everything the flags and the config decide, checked before any model loads."""
-    config = load_config(_arg(args, "config") or default_config_path())
-    changes = {
-        name: _arg(args, name)
-        for name in ("processor", "temperature", "top_k", "top_p", "max_new_tokens", "seed")
-        if _arg(args, name) is not None
-    }
-    try:
-        settings = config.settings.updated(**changes)
-    except SettingError as error:
-        raise BenchError(str(error)) from None
+    config = app_config(args)
+    settings = config.settings
     if _arg(args, "prompts"):
         prompts_path = Path(_arg(args, "prompts")).expanduser()
     else:
@@ -1497,16 +1423,12 @@ def _plan(args: argparse.Namespace) -> _Plan:
     prompts = load_prompts(
         prompts_path, categories=_categories(_arg(args, "categories")), limit=_arg(args, "limit")
     )
-    kind = _arg(args, "drafter_kind") or settings.drafter_kind
-    head_flag = _arg(args, "drafter_head")
-    if head_flag is not None:
-        settings = settings.updated(drafter_head=None if head_flag.lower() == "none" else head_flag)
     peers = () if _arg(args, "peers") in (None, "none") else (_arg(args, "peers"),)
     options = BenchOptions(
         max_new_tokens=settings.max_new_tokens,
         processor=settings.logits_processor(),
-        gamma=parse_gamma(_arg(args, "gamma"), settings.gamma, settings.gamma_policy),
-        drafter_kind=kind,
+        gamma=GammaSpec(settings.gamma_policy, settings.gamma),
+        drafter_kind=settings.drafter_kind,
         drafter=settings.drafter_options(),
         peers=peers,
         sweep=parse_sweep(_arg(args, "gamma_sweep")),
@@ -1517,11 +1439,11 @@ def _plan(args: argparse.Namespace) -> _Plan:
         system_prompt=settings.system_prompt,
         tune_widths=_arg(args, "widths") != "off",
     )
-    needs_model = DrafterOptions(kind=kind, head=settings.drafter_head).needs_model
+    needs_model = settings.drafter_options().needs_model
     if needs_model and config.drafter is None:
         raise BenchError(
-            f"--drafter-kind {kind} needs a [drafter] in the config; "
-            "use --drafter-kind ngram or lookup"
+            f"--drafter-kind {settings.drafter_kind} needs a drafter model, and the config has"
+            " none (or --drafter none was given): use --drafter-kind ngram, lookup or head"
         )
     return _Plan(config, prompts_path, prompts, options, needs_model or bool(peers))
 

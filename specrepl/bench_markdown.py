@@ -312,8 +312,9 @@ def compare_markdown(runs: Sequence[dict[str, Any]], names: Sequence[str]) -> st
     for run in runs:
         categories += [name for name in _categories(run) if name not in categories]
     for name, label in rows:
-        if name == TARGET or not categories:
-            continue
+        measured_by = sum(name in run["summary"].get(OVERALL, {}) for run in runs)
+        if name == TARGET or not categories or measured_by < min(2, len(runs)):
+            continue  # a method only one of several runs has: see that run's own tables
         parts += [
             f"\n**{label}: × specrepl target-only by category**\n",
             markdown_table(

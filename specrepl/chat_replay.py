@@ -20,6 +20,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from .flags import add_model_options, add_setting_options
+
 if TYPE_CHECKING:
     from .session import ChatSession
 
@@ -149,7 +151,8 @@ def replay(
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The flags of `python infer.py replay`; model and setting flags go before it."""
+    """The flags of `python infer.py replay`, and the model and setting flags every entry
+    point takes (flags.py), which mean the same before or after `replay`."""
     parser.description = (
         "Play a scripted chat turn by turn in two sessions on the same models, one "
         "keeping its caches between turns and one reading the whole history again, "
@@ -164,11 +167,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help='user turns: JSON lines with a "turns" list, or one turn per line '
         "(default: benchmarks/chat.jsonl)",
     )
-    parser.add_argument(
-        "--max-new-tokens",
-        type=int,
-        metavar="N",
-        default=argparse.SUPPRESS,
-        help="new tokens per answer (default: the config's)",
-    )
     parser.add_argument("--json", dest="json_out", metavar="OUT", help="write every figure here")
+    add_model_options(parser, after_subcommand=True)
+    add_setting_options(parser, after_subcommand=True)

@@ -4,8 +4,8 @@ Reads the config (`configs/default.toml` or `--config`), lets flags override
 it, loads the model pair and then either opens the REPL or, with `--prompt`,
 answers one prompt and exits (`--json` for one JSON object on stdout).
 Subcommands (`bench`, `cache`, `distill`, `replay`, `soak`) register a
-`Subcommand` in `SUBCOMMANDS` and reuse `add_model_options`,
-`add_setting_options`, `app_config` and `load_models`.
+`Subcommand` in `SUBCOMMANDS` and reuse flags.py (`add_model_options`,
+`add_setting_options`, `app_config`) and `load_models`.
 
 Exit statuses: 0; 1 (a model failed to load, a refusal, a failed soak); 2 (a
 bad flag or config); 130 (Ctrl-C, at any stage: a short message, no
@@ -30,7 +30,7 @@ import json
 import os
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -38,19 +38,14 @@ from rich.console import Console
 
 from . import bench_markdown, chat_replay, repl
 from .atomic import write_text_atomically
-from .commands import parse_integer, parse_number
 from .config import (
-    DTYPE_NAMES,
-    QUANTIZE_NAMES,
     AppConfig,
     ConfigError,
-    ModelSpec,
-    default_config_path,
-    load_config,
 )
+from .flags import add_model_options, add_setting_options, app_config
 from .processor_specs import PROCESSOR_NAMES
 from .render import Renderer
-from .settings import SettingError, Settings, shown
+from .settings import SettingError
 from .signals import (
     EXIT_INTERRUPTED,
     EXIT_TERMINATED,
@@ -80,7 +75,6 @@ __all__ = [
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
-NO_DRAFTER = "none"
 
 
 @dataclass(frozen=True)
@@ -311,133 +305,6 @@ SUBCOMMANDS: list[Subcommand] = [
 ]
 
 
-@dataclass(frozen=True)
-class _SettingFlag:
-    """A flag that sets one field of `Settings`."""
-
-    flag: str
-    setting: str
-    value: Any = None
-    """For a switch, the value it sets; None for a flag that takes a value."""
-
-
-_SETTING_FLAGS = (
-    _SettingFlag("--gamma", "gamma"),
-    _SettingFlag("--gamma-policy", "gamma_policy"),
-    _SettingFlag("--confidence", "confidence"),
-    _SettingFlag("--drafter-kind", "drafter_kind"),
-    _SettingFlag("--ngram-order", "ngram_order"),
-    _SettingFlag("--ngram-keep", "ngram_keep", True),
-    _SettingFlag("--ngram-filler", "ngram_filler"),
-    _SettingFlag("--lookup-max-ngram", "lookup_max_ngram"),
-    _SettingFlag("--drafter-window", "drafter_window"),
-    _SettingFlag("--drafter-head", "drafter_head"),
-    _SettingFlag("--processor", "processor"),
-    _SettingFlag("--temperature", "temperature"),
-    _SettingFlag("--top-k", "top_k"),
-    _SettingFlag("--top-p", "top_p"),
-    _SettingFlag("--max-new-tokens", "max_new_tokens"),
-    _SettingFlag("--seed", "seed"),
-    _SettingFlag("--system-prompt", "system_prompt"),
-    _SettingFlag("--no-cache", "use_cache", False),
-    _SettingFlag("--no-chat", "chat", False),
-    _SettingFlag("--no-speculative", "speculative", False),
-    _SettingFlag("--no-target-gen", "target_gen", False),
-    _SettingFlag("--drafter-gen", "drafter_gen", True),
-    _SettingFlag("--debug", "debug", True),
-)
-
-
-def add_model_options(parser: argparse.ArgumentParser) -> None:
-    """Which config to read and the flags that override its models."""
-    group = parser.add_argument_group("models (override the config)")
-    group.add_argument(
-        "--config",
-        metavar="PATH",
-        help=f"TOML config file (default: {default_config_path()})",
-    )
-    group.add_argument(
-        "--target",
-        metavar="SOURCE",
-        help='target model: "embedded", a .gguf file, a model directory or a hub id',
-    )
-    group.add_argument(
-        "--drafter",
-        metavar="SOURCE",
-        help=f'drafter model, as for --target; "{NO_DRAFTER}" loads no drafter',
-    )
-    group.add_argument("--device", help="auto, cpu, cuda, cuda:N or mps")
-    dtypes, quantizations = ", ".join(DTYPE_NAMES), ", ".join(QUANTIZE_NAMES)
-    for role, prefix in (("target", ""), ("drafter", "drafter-")):
-        group.add_argument(
-            f"--{prefix}dtype",
-            choices=DTYPE_NAMES,
-            metavar="DTYPE",
-            help=f"the {role}'s dtype: {dtypes}",
-        )
-        group.add_argument(
-            f"--{prefix}quantize",
-            choices=QUANTIZE_NAMES,
-            metavar="BITS",
-            help=f"the {role}'s quantization (bitsandbytes): {quantizations}",
-        )
-    group.add_argument(
-        "--trust-remote-code",
-        action="store_true",
-        default=None,
-        help="allow models to run code from their repository (off unless asked for)",
-    )
-
-
-def _flag_type(kind: type) -> Callable[[str], Any]:
-    """Numbers as the REPL reads them: plain ASCII decimals only (no `1_0`, no `٣`)."""
-    if kind is int:
-        parse: Callable[[str], Any] = parse_integer
-    elif kind is float:
-        parse = parse_number
-    else:
-        return str
-
-    def convert(token: str) -> Any:
-        value = parse(token)
-        if value is None:
-            noun = "an integer" if kind is int else "a number"
-            raise argparse.ArgumentTypeError(f"expected {noun}, got {shown(token)}")
-        return value
-
-    convert.__name__ = kind.__name__  # argparse names the type in its message
-    return convert
-
-
-def add_setting_options(parser: argparse.ArgumentParser) -> None:
-    """One flag per session setting; each overrides the config's value."""
-    group = parser.add_argument_group("generation settings (override the config)")
-    for flag in _SETTING_FLAGS:
-        bound = Settings.bound(flag.setting)
-        help = Settings.help(flag.setting)
-        if flag.value is not None:
-            group.add_argument(
-                flag.flag,
-                dest=flag.setting,
-                action="store_const",
-                const=flag.value,
-                default=None,
-                help=f"{help}: {'on' if flag.value else 'off'}",
-            )
-            continue
-        kind = bound.kind if bound.kind in (int, float) else str
-        metavar = {int: "N", float: "X"}.get(kind, "NAME" if bound.choices else "TEXT")
-        valid = "" if kind is str and not bound.choices else f" ({bound.describe()})"
-        group.add_argument(
-            flag.flag,
-            dest=flag.setting,
-            type=_flag_type(kind),
-            metavar=metavar,
-            default=None,
-            help=help + valid,
-        )
-
-
 def build_parser(*, subcommand_flags: bool = True) -> argparse.ArgumentParser:
     """The command line's parser; without `subcommand_flags` each subcommand is
     known by name only (enough to tell whether the line names one)."""
@@ -481,53 +348,6 @@ def parse_arguments(argv: Sequence[str] | None) -> argparse.Namespace:
     with signals_held():  # the subcommand's module imports torch (see signals_held)
         parser = build_parser()
     return parser.parse_args(argv)
-
-
-def _model_spec(
-    spec: ModelSpec | None, source: str | None, dtype: str | None, quantize: str | None
-) -> ModelSpec | None:
-    if source is not None:
-        spec = ModelSpec(source) if spec is None else replace(spec, source=source)
-    if spec is None:
-        return None
-    changes = {key: value for key, value in (("dtype", dtype), ("quantize", quantize)) if value}
-    return replace(spec, **changes) if changes else spec
-
-
-def app_config(args: argparse.Namespace) -> AppConfig:
-    """The config file with the command line's overrides applied.
-
-    Raises ConfigError for a bad file and SettingError or ValueError for a
-    bad flag value, each naming what was wrong.
-    """
-    config = load_config(args.config or default_config_path())
-    target = _model_spec(config.target, args.target, args.dtype, args.quantize)
-    assert target is not None
-    if args.drafter is not None and args.drafter.lower() == NO_DRAFTER:
-        drafter = None
-    else:
-        drafter = _model_spec(
-            config.drafter, args.drafter, args.drafter_dtype, args.drafter_quantize
-        )
-    settings = config.settings
-    for flag in _SETTING_FLAGS:
-        value = getattr(args, flag.setting, None)
-        if value is None:
-            continue
-        if Settings.bound(flag.setting).optional and str(value).lower() == "none":
-            value = None  # e.g. `--system-prompt none`: the template's own
-        try:
-            settings = settings.updated(**{flag.setting: value})
-        except SettingError as error:
-            raise SettingError(f"{flag.flag}: {error}") from None
-    return replace(
-        config,
-        target=target,
-        drafter=drafter,
-        device=args.device or config.device,
-        trust_remote_code=bool(args.trust_remote_code or config.trust_remote_code),
-        settings=settings,
-    )
 
 
 def load_models(

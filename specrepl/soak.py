@@ -36,7 +36,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .answers import Answer, Message
-from .config import default_config_path
+from .flags import add_model_options, add_setting_options
 from .session import ChatSession
 from .settings import Settings
 
@@ -379,13 +379,8 @@ def soak(
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The flags of `python infer.py soak`.
-
-    Flags that the main parser also has (--config, --max-new-tokens) default to
-    "not given" here, so a value given before `soak` survives; every other
-    model and setting flag of the main parser goes before `soak`.
-    """
-    keep = argparse.SUPPRESS
+    """The flags of `python infer.py soak`: its own, and the model and setting flags
+    every entry point takes (flags.py), which mean the same before or after `soak`."""
     parser.add_argument(
         "--prompts",
         dest="soak_prompts",
@@ -393,19 +388,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         default=200,
         help="prompts to answer in the one session (200)",
-    )
-    parser.add_argument(
-        "--config",
-        metavar="PATH",
-        default=keep,
-        help=f"TOML config file (default: {default_config_path()})",
-    )
-    parser.add_argument(
-        "--max-new-tokens",
-        type=int,
-        metavar="N",
-        default=keep,
-        help="new tokens per answer (default: the config's)",
     )
     parser.add_argument(
         "--reset-every",
@@ -434,3 +416,5 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="do not compare each answer with a fresh session's (half the time)",
     )
     parser.add_argument("--json", dest="json_out", metavar="OUT", help="write every figure here")
+    add_model_options(parser, after_subcommand=True)
+    add_setting_options(parser, after_subcommand=True)

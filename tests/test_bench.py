@@ -23,7 +23,6 @@ from specrepl.bench import (
     MethodRun,
     PromptRecord,
     load_prompts,
-    parse_gamma,
     parse_sweep,
     predict_from_steps,
     predicted_speedup,
@@ -123,17 +122,19 @@ def test_default_prompts_ship_with_the_repository(tmp_path: Path) -> None:
 # -- flag values ----------------------------------------------------------------
 
 
-def test_parse_gamma() -> None:
-    assert parse_gamma(None, 4) == GammaSpec("fixed", 4)
-    assert parse_gamma("6", 4) == GammaSpec("fixed", 6)
-    assert parse_gamma(3, 4) == GammaSpec("fixed", 3)
-    assert parse_gamma("auto", 4) == GammaSpec("auto", 4)
-    assert parse_gamma("Auto:8", 4) == GammaSpec("auto", 8)
-    assert parse_gamma("fixed:2", 4).build().next_gamma() == 2
-    assert parse_gamma("confidence", 5).build().min_confidence > 0
-    for bad in ("fast", "auto:x", "0", "auto:999"):
-        with pytest.raises(BenchError, match="--gamma"):
-            parse_gamma(bad, 4)
+def test_gamma_flag_values() -> None:
+    """`--gamma` (before or after `bench`) takes what `/gamma` takes."""
+    from specrepl.flags import gamma_choice
+
+    assert gamma_choice("6") == ("fixed", 6)
+    assert gamma_choice("auto") == ("auto", None)
+    assert gamma_choice("Auto:8") == ("auto", 8)
+    assert gamma_choice("fixed:2") == ("fixed", 2)
+    assert GammaSpec("fixed", 2).build().next_gamma() == 2
+    assert GammaSpec("confidence", 5).build().min_confidence > 0
+    for bad in ("fast", "auto:x", "1_0", "٣"):
+        with pytest.raises(ValueError, match=r"expected an integer|not an integer"):
+            gamma_choice(bad)
 
 
 def test_parse_sweep() -> None:
@@ -389,15 +390,12 @@ def _parse(*argv: str) -> argparse.Namespace:
 
 
 def test_flags_shared_with_the_main_parser_do_not_overwrite_it() -> None:
-    main = argparse.ArgumentParser()
-    main.add_argument("--gamma", type=int)
-    main.add_argument("--json", action="store_true")
-    sub = main.add_subparsers(dest="command")
-    bench.add_arguments(sub.add_parser("bench"))
-    args = main.parse_args(["--gamma", "5", "bench", "--json", "out.json"])
-    assert args.gamma == 5 and args.json_out == "out.json"
-    args = main.parse_args(["bench", "--gamma", "auto:6"])
-    assert args.gamma == "auto:6"
+    from specrepl import cli
+
+    args = cli.parse_arguments(["--gamma", "5", "bench", "--json", "out.json"])
+    assert args.gamma == ("fixed", 5) and args.json_out == "out.json"
+    args = cli.parse_arguments(["--gamma", "5", "bench", "--gamma", "auto:6"])
+    assert args.gamma == ("auto", 6)
 
 
 def test_run_end_to_end(pair: ModelPair, prompts_file: Path, tmp_path: Path) -> None:
@@ -449,7 +447,7 @@ def test_run_chart(pair: ModelPair, prompts_file: Path, tmp_path: Path) -> None:
     [
         (["--prompts", "{missing}"], "no such prompts file"),
         (["--categories", "math"], "no prompts in category math"),
-        (["--gamma", "quick"], "--gamma"),
+        (["--gamma", "99"], "--gamma: gamma must be an integer >= 1 and <= 64"),
         (["--gamma-sweep", "8-1"], "--gamma-sweep"),
         (["--max-new-tokens", "0"], "max_new_tokens must be"),
         (["--warmup", "-1"], "--warmup must be >= 0"),

@@ -6,6 +6,7 @@ import argparse
 import io
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -74,6 +75,7 @@ def test_flags_override_the_config(config_file: Path) -> None:
     config = cli.app_config(args)
     assert config.settings == Settings(
         gamma=6,
+        gamma_policy="fixed",  # `--gamma N` is fixed, as `/gamma N` is
         processor="topk",
         top_k=9,
         temperature=0.5,
@@ -123,7 +125,7 @@ def test_a_bad_flag_value_is_refused_before_loading(
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--gamma", "1_0"], "argument --gamma: expected an integer, got '1_0'"),
+        (["--gamma", "1_0"], "argument --gamma: expected an integer or a policy"),
         (["--seed", "\u0663"], "argument --seed: expected an integer"),
         (["--temperature", "warm"], "argument --temperature: expected a number, got 'warm'"),
     ],
@@ -264,7 +266,7 @@ def test_subcommands_can_be_added(
     demo = cli.Subcommand("demo", "a subcommand for the test", configure, execute)
     monkeypatch.setattr(cli, "SUBCOMMANDS", [demo])
     assert cli.main(["demo", "--rounds", "3", "--gamma", "2"]) == 5
-    assert seen[0].rounds == 3 and seen[0].gamma == 2
+    assert seen[0].rounds == 3 and seen[0].gamma == ("fixed", 2)
     with pytest.raises(SystemExit):
         cli.main(["--help"])
     assert "demo" in capsys.readouterr().out
@@ -397,3 +399,51 @@ def test_replay_plays_a_chat_with_caches_kept_and_dropped(
             assert f["fed"] < f["prompt_tokens"] // 2
     missing = ["--config", str(config_file), "replay", str(tmp_path / "missing.txt")]
     assert run_main(missing, capsys)[0] == 2
+
+
+@pytest.mark.parametrize("where", ["before", "after"])
+def test_bench_flags_mean_the_same_before_and_after_the_subcommand(
+    where: str, tiny_config_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The model and setting flags reach `bench` wherever they are given (they were
+    once ignored before it), and one given after `bench` wins over one before."""
+    models = tiny_config_file.parent
+    other_target, other_drafter = tmp_path / "other-target", tmp_path / "other-drafter"
+    shutil.copytree(models / "target", other_target)
+    shutil.copytree(models / "drafter", other_drafter)
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"question_id": 1, "category": "qa", "turns": ["w7 w8 w9"]}\n')
+    flags = [
+        "--config", str(tiny_config_file), "--target", str(other_target),
+        "--drafter", str(other_drafter), "--drafter-kind", "hybrid",
+        "--gamma", "2", "--gamma-policy", "heuristic", "--max-new-tokens", "5",
+        "--processor", "topk", "--top-k", "3", "--seed", "11", "--no-cache",
+    ]  # fmt: skip
+    own = ["--prompts", str(prompts), "--warmup", "0", "--widths", "off",
+           "--json", str(tmp_path / "run.json")]  # fmt: skip
+    if where == "before":
+        argv = [*flags, "--max-new-tokens", "9", "bench", *own]
+    else:
+        argv = ["--max-new-tokens", "9", "bench", *own, *flags]
+    code, out, _ = run_main(argv, capsys)
+    assert code == 0, out
+    config = json.loads((tmp_path / "run.json").read_text())["config"]
+    assert config["config_file"] == str(tiny_config_file)
+    assert config["target"]["name"] == str(other_target)
+    assert config["drafter"]["name"] == str(other_drafter)
+    assert config["drafter_kind"] == "hybrid"
+    assert config["gamma"] == {"policy": "heuristic", "value": 2}
+    assert config["max_new_tokens"] == (9 if where == "before" else 5)
+    assert config["processor"] == "topk(temperature=1.0, top_k=3)"
+    assert config["seed"] == 11 and config["use_cache"] is False
+
+
+def test_soak_and_replay_take_the_setting_flags_after_their_name(tiny_config_file: Path) -> None:
+    for name in ("soak", "replay"):
+        args = cli.parse_arguments(
+            ["--gamma", "5", name, "--config", str(tiny_config_file), "--drafter-kind", "lookup"]
+        )
+        settings = cli.app_config(args).settings
+        assert (settings.gamma, settings.gamma_policy, settings.drafter_kind) == (
+            5, "fixed", "lookup"
+        )  # fmt: skip
