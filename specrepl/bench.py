@@ -66,6 +66,7 @@ from .atomic import write_text_atomically
 from .bench_markdown import run_markdown
 from .compatibility import IncompatibleTokenizersError
 from .config import AppConfig, ConfigError
+from .devices import synchronize
 from .draft_head import HeadLoadError, load_head, resolve_head
 from .drafters import DRAFTER_KINDS, Drafter, DrafterOptions, build_drafter
 from .flags import add_model_options, add_setting_options, app_config
@@ -661,13 +662,6 @@ class BenchOptions:
         }
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    elif device.type == "mps":
-        torch.mps.synchronize()
-
-
 @contextlib.contextmanager
 def _quiet_transformers() -> Iterator[None]:
     """transformers' warnings (deprecations inside its own assisted generation)
@@ -863,10 +857,10 @@ class Benchmark:
 
     def _timed(self, call: Callable[[], Any]) -> tuple[Any, float]:
         device = self.pair.device
-        _sync(device)
+        synchronize(device)
         start = time.perf_counter()
         value = call()
-        _sync(device)
+        synchronize(device)
         return value, time.perf_counter() - start
 
     def _specrepl(self, method: Method, ids: list[int], budget: int, seed: int) -> MethodRun:

@@ -38,12 +38,12 @@ class Draft:
 class Drafter(Protocol):
     """The interface the speculative loop drives.
 
-    Two attributes are optional (read with a default, so drafters written
-    before them keep working): `width`, the number of logits the drafter's
-    distributions cover (None: no such limit), and `uses_target_features`
-    (default False), which asks the loop to pass the target's final hidden
-    states to `update` as `target_features` (they cost nothing to keep, but
-    only a drafter that reads them gets them).
+    `width` is the number of logits the drafter's distributions cover (None:
+    no such limit); the loop compares only that many of the target's. One
+    attribute is optional (read with a default, so drafters written before it
+    keep working): `uses_target_features` (default False), which asks the loop
+    to pass the target's final hidden states to `update` as `target_features`
+    (they cost nothing to keep, but only a drafter that reads them gets them).
 
     A drafter that keeps state from one generation to the next (a chat) may
     also have `forget()`, called when a generation is interrupted or fails (its
@@ -54,6 +54,7 @@ class Drafter(Protocol):
     """
 
     name: str
+    width: int | None
 
     def begin(self, prompt: torch.Tensor, vocab_size: int) -> None:
         """Start a new generation for `prompt` (1-D token ids)."""

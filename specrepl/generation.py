@@ -22,6 +22,7 @@ from collections.abc import Callable, Generator, Iterable, Iterator
 import torch
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
+from .devices import synchronize
 from .drafters import Draft, Drafter, as_drafter
 from .forward import context_length, forward_pass, logits_width, model_device
 from .gamma import FixedGamma, GammaPolicy
@@ -61,13 +62,12 @@ class _Clock:
     between steps; synchronizes the device before every reading."""
 
     def __init__(self, device: torch.device) -> None:
-        self.cuda = device.type == "cuda"
+        self.device = device
         self.active = 0.0
         self.resumed = 0.0
 
     def now(self) -> float:
-        if self.cuda:
-            torch.cuda.synchronize()
+        synchronize(self.device)
         return time.perf_counter()
 
     def resume(self) -> float:
@@ -122,9 +122,8 @@ def _run_loop(
     device = model_device(target)
     if vocab_size is None:
         vocab_size = logits_width(target)
-        width = getattr(drafter, "width", None)
-        if width is not None:
-            vocab_size = min(vocab_size, width)
+        if drafter is not None and drafter.width is not None:
+            vocab_size = min(vocab_size, drafter.width)
     limit = max_gen_len if context is None else min(max_gen_len, context - len(inputs))
     limit_reason: StopReason = "length" if limit == max_gen_len else "context"
 

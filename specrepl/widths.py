@@ -36,6 +36,7 @@ import torch
 from transformers import PreTrainedModel
 
 from .atomic import write_text_atomically
+from .devices import synchronize
 from .kv_cache import new_cache, rollback_to
 
 __all__ = [
@@ -146,12 +147,10 @@ def measure_width_samples(
         shift = round_index % len(widths)
         for width in widths[shift:] + widths[:shift]:
             fed = tokens[None, context : context + width]
-            if device.type == "cuda":
-                torch.cuda.synchronize()
+            synchronize(device)
             start = time.perf_counter()
             model(input_ids=fed, past_key_values=cache, use_cache=True, logits_to_keep=width)
-            if device.type == "cuda":
-                torch.cuda.synchronize()
+            synchronize(device)
             elapsed = time.perf_counter() - start
             rollback_to(cache, context)
             if round_index:

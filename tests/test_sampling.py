@@ -56,6 +56,7 @@ class RepeatLastDrafter:
     """A deterministic drafter (point-mass q): proposes the last token again."""
 
     name = "repeat"
+    width = None
 
     def begin(self, prompt: torch.Tensor, vocab_size: int) -> None:
         pass
