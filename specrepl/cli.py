@@ -45,7 +45,7 @@ from .config import (
 from .flags import add_model_options, add_setting_options, app_config
 from .processor_specs import PROCESSOR_NAMES
 from .render import Renderer
-from .settings import SettingError
+from .settings import SettingError, Settings
 from .signals import (
     EXIT_INTERRUPTED,
     EXIT_TERMINATED,
@@ -67,6 +67,7 @@ __all__ = [
     "add_setting_options",
     "app_config",
     "build_parser",
+    "config_block",
     "load_models",
     "main",
     "one_shot_payload",
@@ -140,17 +141,15 @@ def _run_soak(args: argparse.Namespace) -> int:
     grew_too_much = max_growth is not None and (result.growth or 0) > max_growth
     if args.json_out:
         payload = {
-            "config": {
-                **session.settings.as_dict(),
-                "config_file": None if config.path is None else str(config.path),
-                "device": str(session.pair.device),
-                "target": session.pair.target.to_dict(),
-                "drafter": session.pair.drafter.to_dict() if session.pair.drafter else None,
-                "prompts": prompts,
-                "reset_every": args.reset_every,
-                "checked": args.soak_check,
-                "max_growth": max_growth,
-            },
+            "config": config_block(
+                config,
+                session.pair,
+                session.settings,
+                prompts=prompts,
+                reset_every=args.reset_every,
+                checked=args.soak_check,
+                max_growth=max_growth,
+            ),
             "passed": result.ok and not grew_too_much,
             "result": result.to_dict(),
         }
@@ -175,7 +174,7 @@ def _run_replay(args: argparse.Namespace) -> int:
     started = _start(args, renderer)
     if isinstance(started, int):
         return started
-    _, kept = started
+    config, kept = started
     dropped = type(kept)(kept.pair, kept.settings)
     try:
         renderer.loaded(kept.pair, kept.head_summary())
@@ -185,8 +184,10 @@ def _run_replay(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         return _interrupted(renderer, "Interrupted.")
     if args.json_out:
-        payload = {"config": {**kept.settings.as_dict(), "chat_file": str(args.chat_file)},
-                   "result": result.to_dict()}  # fmt: skip
+        payload = {
+            "config": config_block(config, kept.pair, kept.settings, chat_file=str(args.chat_file)),
+            "result": result.to_dict(),
+        }
         try:
             write_text_atomically(Path(args.json_out), json.dumps(payload, indent=1) + "\n")
         except OSError as error:
@@ -362,18 +363,31 @@ def load_models(
         return open_session(config, progress, retime_widths=retime_widths)
 
 
+def config_block(
+    config: AppConfig, pair: ModelPair, settings: Settings, **extra: Any
+) -> dict[str, Any]:
+    """The "config" object of every `--json` file but bench's (which has its own
+    options): the settings, the config file, the device, the models, and `extra`."""
+    return {
+        **settings.as_dict(),
+        "config_file": None if config.path is None else str(config.path),
+        "device": str(pair.device),
+        "target": pair.target.to_dict(),
+        "drafter": pair.drafter.to_dict() if pair.drafter else None,
+        **extra,
+    }
+
+
 def one_shot_payload(config: AppConfig, pair: ModelPair, answer: Answer) -> dict[str, Any]:
     """The `--json` object: the config used, one record per run, the speedup."""
     return {
-        "config": {
-            **answer.settings.as_dict(),
-            "config_file": None if config.path is None else str(config.path),
-            "device": str(pair.device),
-            "target": pair.target.to_dict(),
-            "drafter": pair.drafter.to_dict() if pair.drafter else None,
-            "prompt_mode": answer.mode,
-            "prompt_tokens": answer.prompt_tokens,
-        },
+        "config": config_block(
+            config,
+            pair,
+            answer.settings,
+            prompt_mode=answer.mode,
+            prompt_tokens=answer.prompt_tokens,
+        ),
         "runs": {name: run.to_dict() for name, run in answer.runs.items()},
         "speedup": answer.speedup,
         "refusal": answer.refusal,
