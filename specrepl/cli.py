@@ -174,8 +174,10 @@ def _run_replay(args: argparse.Namespace) -> int:
     started = _start(args, renderer)
     if isinstance(started, int):
         return started
+    from .session import ChatSession
+
     config, kept = started
-    dropped = type(kept)(kept.pair, kept.settings)
+    dropped = ChatSession(kept.pair, kept.settings)
     try:
         renderer.loaded(kept.pair, kept.head_summary())
         with renderer.progress("replay", len(turns)) as advance:
@@ -204,11 +206,9 @@ def _run_distill(args: argparse.Namespace) -> int:
     from .models import load_pair
 
     renderer = Renderer(Console(highlight=False), status_console=Console(stderr=True))
-    try:
-        config = app_config(args)
-    except (ConfigError, SettingError, ValueError) as error:
-        renderer.fatal(str(error))
-        return EXIT_USAGE
+    config = _config(args, renderer)
+    if isinstance(config, int):
+        return config
     try:
         with renderer.loading("Loading the target") as progress:
             pair = load_pair(
@@ -416,14 +416,21 @@ def _one_shot(
     return EXIT_FAILED if answer.refusal is not None else EXIT_OK
 
 
-def _start(args: argparse.Namespace, renderer: Renderer) -> tuple[AppConfig, ChatSession] | int:
-    """The config and a session on its loaded models, or the exit code after a
-    message: a bad config or flag, a model that cannot load, or Ctrl-C."""
+def _config(args: argparse.Namespace, renderer: Renderer) -> AppConfig | int:
+    """The config with the flags applied, or EXIT_USAGE after a message naming what was wrong."""
     try:
-        config = app_config(args)
+        return app_config(args)
     except (ConfigError, SettingError, ValueError) as error:
         renderer.fatal(str(error))
         return EXIT_USAGE
+
+
+def _start(args: argparse.Namespace, renderer: Renderer) -> tuple[AppConfig, ChatSession] | int:
+    """The config and a session on its loaded models, or the exit code after a
+    message: a bad config or flag, a model that cannot load, or Ctrl-C."""
+    config = _config(args, renderer)
+    if isinstance(config, int):
+        return config
     try:
         retime = bool(getattr(args, "retime_widths", False))
         return config, load_models(config, renderer, retime_widths=retime)
@@ -453,11 +460,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _interactive(args: argparse.Namespace, renderer: Renderer) -> int:
     """The REPL on a terminal: the prompt at once, the models loading behind it."""
-    try:
-        config = app_config(args)
-    except (ConfigError, SettingError, ValueError) as error:
-        renderer.fatal(str(error))
-        return EXIT_USAGE
+    config = _config(args, renderer)
+    if isinstance(config, int):
+        return config
     session = LoadingSession(config, retime_widths=bool(args.retime_widths))
     reader = repl.make_reader(session, renderer, stdin=sys.stdin)
     session.set_on_change(reader.wake)

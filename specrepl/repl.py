@@ -260,14 +260,6 @@ def handle_line(
     return True
 
 
-def _settle(session: ChatSession | LoadingSession, renderer: Renderer) -> None:
-    """Show the models once they have arrived (raises StartupFailed if they cannot)."""
-    if isinstance(session, LoadingSession):
-        arrived = session.settle()
-        if arrived is not None:
-            renderer.models_arrived(arrived)
-
-
 def _await_models(
     session: ChatSession | LoadingSession, renderer: Renderer, line: str, registry: CommandRegistry
 ) -> bool:
@@ -280,7 +272,9 @@ def _await_models(
             except KeyboardInterrupt:
                 renderer.stopped_waiting()
                 return False
-        _settle(session, renderer)
+        arrived = session.settle()  # raises StartupFailed if the models cannot be loaded
+        if arrived is not None:
+            renderer.models_arrived(arrived)
     return True
 
 

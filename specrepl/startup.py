@@ -123,7 +123,7 @@ class LoadingSession:
         self._on_change = on_change or (lambda: None)
         self._loaded: ChatSession | None = None
         self._done = threading.Event()
-        self._started = time.monotonic()
+        self._started = 0.0
         self._seconds = 0.0
         self.session: ChatSession | None = None
         """The loaded session, once `settle` has adopted it."""
@@ -233,7 +233,7 @@ class LoadingSession:
         return self.session.reset() if self.session is not None else 0
 
     def kept_caches(self) -> dict[str, int]:
-        return dict(self.session.kept_caches()) if self.session is not None else {}
+        return self.session.kept_caches() if self.session is not None else {}
 
     def __getattr__(self, name: str) -> Any:
         """Everything else is the loaded session's (its pair, `answer`, `/widths`...)."""
