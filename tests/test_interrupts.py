@@ -532,10 +532,17 @@ class Output:
 
 
 def test_sigint_while_loading_in_a_real_process(models_dir: Path) -> None:
+    # The stand-in loader runs Python between short sleeps, as a real one does between
+    # its C calls. Should the child not end, SIGUSR1 makes it print every thread's stack
+    # (faulthandler), so that the failure says where it was stuck.
     slow_loader = (
-        "import sys, time\n"
+        "import faulthandler, signal, sys, time\n"
+        "faulthandler.register(signal.SIGUSR1)\n"
         "import specrepl.cli as cli, specrepl.models as models\n"
-        "models.load_pair = lambda *args, **kwargs: time.sleep(300)\n"
+        "def load_pair(*args, **kwargs):\n"
+        "    while True:\n"
+        "        time.sleep(0.05)\n"
+        "models.load_pair = load_pair\n"
         "raise SystemExit(cli.main(sys.argv[1:]))\n"
     )
     child = subprocess.Popen(
@@ -544,18 +551,26 @@ def test_sigint_while_loading_in_a_real_process(models_dir: Path) -> None:
         env=child_env(),
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
     )
     try:
-        assert child.stderr is not None
-        err = Output(child.stderr.fileno())
-        assert err.wait_for("Loading models")
+        assert child.stdout is not None
+        out = Output(child.stdout.fileno())
+        assert out.wait_for("Loading models"), out.data.decode(errors="replace")
         child.send_signal(signal.SIGINT)
-        assert child.wait(timeout=60) == 130
-        text = err.drain()
+        deadline = time.monotonic() + 60
+        while child.poll() is None and time.monotonic() < deadline:
+            out.read(0.1)  # keep the pipe empty: a child blocked on writing cannot exit
+        if child.poll() is None:
+            child.send_signal(signal.SIGUSR1)
+            time.sleep(1.0)
+            pytest.fail(f"still running 60 s after SIGINT:\n{out.drain()}")
+        status = child.wait()
+        text = out.drain()
     finally:
         child.kill()
         child.communicate()
+    assert status == 130, text
     assert "Interrupted while loading the models." in text
     assert "Traceback" not in text
 
