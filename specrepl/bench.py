@@ -734,7 +734,13 @@ class Benchmark:
                 head, _ = load_head(resolve_head(options.head), self.pair.target.model)
             except HeadLoadError as error:
                 raise BenchError(str(error)) from None
-        return build_drafter(options, model, head=head, use_cache=self.options.use_cache)
+        return build_drafter(
+            options,
+            model,
+            head=head,
+            use_cache=self.options.use_cache,
+            target=self.pair.target.model,
+        )
 
     def _make_methods(self) -> list[Method]:
         options = self.options

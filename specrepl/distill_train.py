@@ -219,9 +219,7 @@ def _learning_rate(settings: TrainSettings, used: float) -> float:
     return settings.learning_rate * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
-def _read_checkpoint(
-    path: Path, on_message: Callable[[str], None] | None
-) -> dict[str, Any] | None:
+def _read_checkpoint(path: Path, on_message: Callable[[str], None] | None) -> dict[str, Any] | None:
     """The saved training state, or None (with one line) when the file is damaged:
     training then starts from the beginning and overwrites it."""
     try:

@@ -15,10 +15,10 @@ from typing import Protocol, runtime_checkable
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from .draft_head import DraftHead, HeadCache
+from .draft_head import DraftHead, HeadCache, target_fingerprint
 from .drafter_options import DRAFTER_KINDS, DrafterOptions
 from .forward import context_length, forward_logits, logits_width, model_device
-from .kv_cache import cached_length, new_cache, rollback_to
+from .kv_cache import cached_length, can_copy_positions, copy_positions, new_cache, rollback_to
 from .processors import LogitsProcessor
 from .prompt_cache import PromptCache, common_prefix
 
@@ -43,7 +43,9 @@ class Drafter(Protocol):
     attribute is optional (read with a default, so drafters written before it
     keep working): `uses_target_features` (default False), which asks the loop
     to pass the target's final hidden states to `update` as `target_features`
-    (they cost nothing to keep, but only a drafter that reads them gets them).
+    (they cost nothing to keep, but only a drafter that reads them gets them),
+    and `uses_target_cache` (default False), which asks for the target's KV
+    cache as `target_cache` (None when the target runs without one).
 
     A drafter that keeps state from one generation to the next (a chat) may
     also have `forget()`, called when a generation is interrupted or fails (its
@@ -78,6 +80,7 @@ class Drafter(Protocol):
         valid_length: int,
         target_logits: torch.Tensor | None = None,
         target_features: torch.Tensor | None = None,
+        target_cache: DynamicCache | None = None,
     ) -> None:
         """After verification: `sequence` is the new context; its first
         `valid_length` tokens are ones the drafter already saw unchanged.
@@ -88,11 +91,32 @@ class Drafter(Protocol):
         `target_features` (rows, hidden), given to a drafter that
         `uses_target_features`, are the target's final hidden states at the
         positions it computed this step that verification kept: row i is
-        position valid_length - rows + i."""
+        position valid_length - rows + i. `target_cache`, given to a drafter
+        that `uses_target_cache`, holds the target's keys and values for the
+        first `valid_length` tokens (read it during the call; it changes after)."""
+
+
+def is_copy_of(model: PreTrainedModel, target: PreTrainedModel) -> bool:
+    """Whether `model` holds the target's own weights (in any precision: the
+    same fingerprint) on one device, so that it can take the target's keys and
+    values (see `ModelDrafter`'s `copy_of_target`)."""
+    devices = set(getattr(model, "hf_device_map", {}).values())
+    return len(devices) <= 1 and target_fingerprint(model) == target_fingerprint(target)
 
 
 class ModelDrafter:
-    """A small causal LM that shares the target's tokenizer (or a cheaper copy of the target)."""
+    """A small causal LM that shares the target's tokenizer (or a cheaper copy of the target).
+
+    `copy_of_target` (a copy of the target's own weights, e.g. in bfloat16,
+    see `is_copy_of`; with the cache on and no window): after every
+    verification the drafter takes the target's keys and values for the
+    positions it has not read, cast to its own precision, instead of
+    computing them. It never reads a prompt (a cheaper copy may still read a
+    long one slower than the target: bfloat16 on a CPU without bfloat16
+    arithmetic) nor catches up on tokens it did not draft; in exchange it
+    drafts nothing before the target's first pass of a generation. Without a
+    target cache (the target runs uncached) it reads for itself.
+    """
 
     def __init__(
         self,
@@ -102,12 +126,15 @@ class ModelDrafter:
         name: str = "model",
         window: int | None = None,
         keep_between_prompts: bool = False,
+        copy_of_target: bool = False,
     ) -> None:
         if window is not None and window < 1:
             raise ValueError(f"window must be >= 1 or None, got {window}")
         self.model = model
         self.name = name
         self.uses_target_features = False
+        self.uses_target_cache = copy_of_target and use_cache and window is None
+        self._seeded = self.uses_target_cache  # this generation takes the target's cache
         self.use_cache = use_cache
         self.window = window
         self.device = model_device(model)
@@ -134,6 +161,9 @@ class ModelDrafter:
             self.cache, _ = self._kept.take(self.model, prompt.tolist())
         else:
             self.cache = new_cache(self.model)
+        self._seeded = self.uses_target_cache and (
+            self.cache is None or can_copy_positions(self.cache)
+        )
 
     def forget(self) -> None:
         self.cache = None
@@ -148,6 +178,9 @@ class ModelDrafter:
         min_confidence: float = 0.0,
     ) -> Draft:
         seen = sequence[self.offset :]
+        if self._seeded and seen.shape[0] - cached_length(self.cache) > 1:
+            # tokens the target has not read yet: it will, and hand over their keys and values
+            return Draft(sequence.new_empty(0), None)
         if self.context is not None:
             # the drafter reads the sequence plus k - 1 of its own drafts
             k = min(k, self.context - seen.shape[0] + 1)
@@ -181,8 +214,20 @@ class ModelDrafter:
         valid_length: int,
         target_logits: torch.Tensor | None = None,
         target_features: torch.Tensor | None = None,
+        target_cache: DynamicCache | None = None,
     ) -> None:
         rollback_to(self.cache, min(cached_length(self.cache), valid_length - self.offset))
+        if self._seeded:
+            if target_cache is None or self.cache is None or not can_copy_positions(target_cache):
+                self._seeded = False  # read for itself for the rest of this generation
+            else:
+                copy_positions(
+                    target_cache,
+                    self.cache,
+                    valid_length,
+                    dtype=self.model.dtype,
+                    device=self.device,
+                )
         if self.keep_between_prompts and self.cache is not None and self.window is None:
             self._kept.keep(self.model, self.cache, sequence)
 
@@ -516,6 +561,7 @@ class HybridDrafter:
         self.name = "hybrid"
         self.width = model.width
         self.uses_target_features = model.uses_target_features
+        self.uses_target_cache = getattr(model, "uses_target_cache", False)
         self.cost_ratio = cost_ratio
         self.last_source = "none"
         self.lookup_gain = 2.0  # optimistic start: lookup is tried first
@@ -565,6 +611,7 @@ class HybridDrafter:
         valid_length: int,
         target_logits: torch.Tensor | None = None,
         target_features: torch.Tensor | None = None,
+        target_cache: DynamicCache | None = None,
     ) -> None:
         if self._proposed:
             kept = sequence[self._start :].tolist()
@@ -578,7 +625,12 @@ class HybridDrafter:
             if self.last_source == "model":
                 self.model_gain = self._average(self.model_gain, valid_length - self._start)
         self._candidate, self._proposed = [], 0
-        self.model.update(sequence, valid_length, target_logits, target_features)
+        if self.uses_target_cache:
+            self.model.update(
+                sequence, valid_length, target_logits, target_features, target_cache=target_cache
+            )
+        else:
+            self.model.update(sequence, valid_length, target_logits, target_features)
 
 
 def build_drafter(
@@ -588,12 +640,15 @@ def build_drafter(
     head: DraftHead | None = None,
     use_cache: bool = True,
     keep_between_prompts: bool = False,
+    target: PreTrainedModel | None = None,
 ) -> Drafter:
     """The drafter `options` describe; `model` is the drafter model, needed by
     the `model` kind and by `hybrid` without a head; `head` the loaded draft
     head, needed by the `head` kind and by `hybrid` with one.
     `keep_between_prompts`: a model or head drafter keeps its cache from one
-    generation to the next (a chat). Raises ValueError for an unknown kind or
+    generation to the next (a chat). `target`: when `model` is a copy of it
+    (`is_copy_of`), the model drafter takes the target's keys and values
+    instead of reading for itself. Raises ValueError for an unknown kind or
     a missing model or head."""
     if options.kind == "ngram":
         return NgramDrafter(
@@ -622,6 +677,7 @@ def build_drafter(
             use_cache=use_cache,
             window=options.window,
             keep_between_prompts=keep_between_prompts,
+            copy_of_target=target is not None and is_copy_of(model, target),
         )
     if options.kind == "hybrid":
         # a head's drafts cost next to nothing beside the verification they share with a

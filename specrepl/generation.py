@@ -190,6 +190,7 @@ def _steps(
     """Draft, verify, keep, until `limit` new tokens or an end token; returns the
     end token's stop reason (None at the limit) and the final sequence."""
     wants_features = bool(getattr(drafter, "uses_target_features", False))
+    wants_cache = bool(getattr(drafter, "uses_target_cache", False))
     policy.start()
     _prime(policy, target)
     generated = 0
@@ -225,11 +226,13 @@ def _steps(
         sequence = torch.cat((candidate[: length + accepted], candidate.new_tensor([token])))
         sequence = sequence[: length + len(appended)]
         rollback_to(cache, length + accepted)
-        if features is not None:  # only a drafter that asked for them
-            kept = features[: length + accepted - fed_from]
-            drafter.update(sequence, length + accepted, logits[: len(appended)], kept)
-        elif drafter is not None:
-            drafter.update(sequence, length + accepted, logits[: len(appended)])
+        if drafter is not None:
+            extra: dict[str, object] = {}  # only what the drafter asked for
+            if features is not None:
+                extra["target_features"] = features[: length + accepted - fed_from]
+            if wants_cache:
+                extra["target_cache"] = cache
+            drafter.update(sequence, length + accepted, logits[: len(appended)], **extra)
         generated += len(appended)
         clock.pause()
         event = StepEvent(

@@ -424,13 +424,19 @@ class ChatSession:
         # the drafter reads the prompt afresh each turn: a bf16 drafter's cache filled
         # token by token rounds differently from one filled at once, and a sampled
         # draft (unlike a greedy one) follows every change of its q, so a seeded
-        # answer would no longer repeat a fresh session's token for token
+        # answer would no longer repeat a fresh session's token for token (a copy of
+        # the target reads no prompt at all: it takes the target's keys and values)
         keep = settings.use_cache and settings.logits_processor().is_greedy
         key = (options, settings.use_cache, keep, id(model), id(head))
         if self._kept_drafter is not None and self._kept_drafter[0] == key:
             return self._kept_drafter[1]
         drafter = build_drafter(
-            options, model, head=head, use_cache=settings.use_cache, keep_between_prompts=keep
+            options,
+            model,
+            head=head,
+            use_cache=settings.use_cache,
+            keep_between_prompts=keep,
+            target=self.pair.target.model,
         )
         self._caches["speculative"].drop()
         self._kept_drafter = (key, drafter)

@@ -40,7 +40,6 @@ __all__ = [
 ]
 
 
-
 class StartupFailed(Exception):
     """The models could not be loaded; the message says why."""
 

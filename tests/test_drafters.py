@@ -6,10 +6,22 @@ import functools
 
 import pytest
 import torch
+from transformers import LlamaForCausalLM
 
-from specrepl.drafters import HeadDrafter, HybridDrafter, LookupDrafter, ModelDrafter, NgramDrafter
+from specrepl.drafter_options import DrafterOptions
+from specrepl.drafters import (
+    HeadDrafter,
+    HybridDrafter,
+    LookupDrafter,
+    ModelDrafter,
+    NgramDrafter,
+    build_drafter,
+    is_copy_of,
+)
+from specrepl.forward import forward_logits
 from specrepl.gamma import AutoGamma, HeuristicGamma, expected_tokens, make_policy
 from specrepl.generation import autoregressive_generate, speculative_generate
+from specrepl.kv_cache import cached_length, new_cache
 from specrepl.processors import GreedyProcessor
 from specrepl.results import StepEvent
 from specrepl.testing import perturbed_copy, tiny_head, tiny_llama
@@ -51,6 +63,12 @@ def make_drafter(kind: str, target, use_cache: bool):
     if kind == "hybrid":
         model = ModelDrafter(perturbed_copy(target, 0.1, seed=1), use_cache=use_cache)
         return HybridDrafter(model, LookupDrafter(3), min_match=1)
+    if kind in ("model-copy", "hybrid-copy"):  # takes the target's keys and values
+        copy = perturbed_copy(target, 0.1, seed=1)
+        model = ModelDrafter(copy, use_cache=use_cache, copy_of_target=True)
+        return (
+            model if kind == "model-copy" else HybridDrafter(model, LookupDrafter(3), min_match=1)
+        )
     return LookupDrafter(3)
 
 
@@ -60,6 +78,8 @@ def make_drafter(kind: str, target, use_cache: bool):
     [
         "model",
         "model-window",
+        "model-copy",
+        "hybrid-copy",
         "ngram",
         "ngram-kept",
         "ngram-filler",
@@ -275,3 +295,56 @@ def test_auto_judges_the_target_alone_by_the_width_timings_it_was_primed_with() 
         policy.observe(_event(4, 4, draft=4 * 0.004, verify=2 * 0.081))
     assert policy.next_gamma() >= 4
     assert policy.verify_cost(0) == pytest.approx(2 * 0.058)
+
+
+def test_a_copy_of_the_target_takes_its_keys_and_values_and_never_reads_a_prompt(target) -> None:
+    copy = LlamaForCausalLM(target.config)
+    copy.load_state_dict(target.state_dict())
+    copy = copy.to(torch.bfloat16).eval()
+    assert is_copy_of(copy, target)
+    assert not is_copy_of(perturbed_copy(target, 0.1, seed=1), target)
+    options = DrafterOptions(kind="model")
+    assert build_drafter(options, copy, target=target).uses_target_cache
+    assert not build_drafter(
+        options, perturbed_copy(target, 0.1, seed=1), target=target
+    ).uses_target_cache
+    assert not build_drafter(options, copy).uses_target_cache
+    assert not build_drafter(options, copy, target=target, use_cache=False).uses_target_cache
+
+    fed: list[int] = []
+    hook = copy.register_forward_pre_hook(
+        lambda module, args, kwargs: fed.append(kwargs["input_ids"].shape[-1]), with_kwargs=True
+    )
+    try:
+        drafter = build_drafter(options, copy, target=target)
+        prompt = PROMPTS[0]
+        events: list[StepEvent] = []
+        result = speculative_generate(
+            prompt, drafter, target, gamma=4, max_gen_len=30, on_step=events.append
+        )
+    finally:
+        hook.remove()
+    assert result.token_ids == autoregressive_generate(prompt, target, max_gen_len=30).token_ids
+    assert events[0].drafts == ()  # the target reads the prompt first
+    assert sum(len(event.drafts) for event in events) > 0
+    assert fed and set(fed) == {1}  # one token per drafter forward: no prompt, no catch-up
+    # what the drafter holds is the target's keys and values, rounded to bfloat16
+    reference = new_cache(target)
+    forward_logits(target, torch.tensor(prompt + result.token_ids[:-1]), reference, 1, 32)
+    held = drafter.cache
+    assert held is not None and cached_length(held) >= len(prompt)
+    for mine, theirs in zip(held.layers, reference.layers, strict=True):
+        length = mine.keys.shape[-2]
+        expected = theirs.keys[:, :, :length].to(torch.bfloat16)
+        assert mine.keys.dtype == torch.bfloat16
+        assert torch.allclose(
+            mine.keys[:, :, : len(prompt)].float(), expected[:, :, : len(prompt)].float(), atol=1e-2
+        )
+
+
+def test_a_copy_without_the_targets_cache_reads_for_itself(target) -> None:
+    copy = perturbed_copy(target, 0.1, seed=1)
+    drafter = ModelDrafter(copy, copy_of_target=True)
+    prompt = PROMPTS[1]
+    result = speculative_generate(prompt, drafter, target, gamma=3, max_gen_len=20, use_cache=False)
+    assert result.token_ids == autoregressive_generate(prompt, target, max_gen_len=20).token_ids

@@ -174,6 +174,11 @@ MIXED = {
     "hybrid": lambda model: HybridDrafter(ModelDrafter(model), LookupDrafter(2), min_match=1),
     # the drafter reads only the last 2 prompt tokens
     "model-window": lambda model: ModelDrafter(model, window=2),
+    # the drafter takes the target's keys and values instead of reading for itself
+    "model-copy": lambda model: ModelDrafter(model, copy_of_target=True),
+    "hybrid-copy": lambda model: HybridDrafter(
+        ModelDrafter(model, copy_of_target=True), LookupDrafter(2), min_match=1
+    ),
 }
 
 
