@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .draft_head import DraftHead, load_head, resolve_head
-    from .drafters import Drafter, HeadDrafter, ModelDrafter
+    from .drafters import Drafter, HeadDrafter, ModelDrafter, is_copy_of
     from .generation import (
         ContextTooLongError,
         GenerationInterrupted,
@@ -42,7 +42,7 @@ __version__ = "0.1.0"
 
 _HOMES = {
     "draft_head": ("DraftHead", "load_head", "resolve_head"),
-    "drafters": ("Drafter", "HeadDrafter", "ModelDrafter"),
+    "drafters": ("Drafter", "HeadDrafter", "ModelDrafter", "is_copy_of"),
     "generation": (
         "ContextTooLongError",
         "GenerationInterrupted",
@@ -86,6 +86,7 @@ __all__ = [
     "TopKNucleusProcessor",
     "TopKProcessor",
     "autoregressive_generate",
+    "is_copy_of",
     "load_head",
     "load_pair",
     "make_processor",
