@@ -176,6 +176,10 @@ class ModelPair:
     eos_token_ids: list[int]
     context_length: int
     device: torch.device
+    drafter_is_copy: bool = False
+    """The drafter holds the target's own weights (in another precision), so it
+    takes the target's keys and values instead of reading prompts
+    (`drafters.is_copy_of`)."""
 
     @classmethod
     def from_models(
@@ -221,6 +225,8 @@ class ModelPair:
             target_logits=target.logits_width,
             drafter_logits=None if drafter is None else drafter.logits_width,
         )
+        from .drafters import is_copy_of  # drafters is about drafting, this module about loading
+
         return cls(
             target=target,
             drafter=drafter,
@@ -229,6 +235,7 @@ class ModelPair:
             eos_token_ids=find_end_tokens(tokenizer, target.model.generation_config),
             context_length=context_length(target.model) or DEFAULT_CONTEXT_LENGTH,
             device=target.device,
+            drafter_is_copy=drafter is not None and is_copy_of(drafter.model, target.model),
         )
 
 

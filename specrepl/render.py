@@ -822,6 +822,8 @@ class Renderer:
             name = Text(model.name)
             if model.kind != model.name:
                 name.append(f" ({model.kind})", style="dim")
+            if role == "drafter" and pair.drafter_is_copy:
+                name.append(" (a copy of the target: takes its keys and values)", style="dim")
             table.add_row(
                 role,
                 name,

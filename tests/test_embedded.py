@@ -44,6 +44,14 @@ def test_greedy_speculative_equals_the_target_on_chat_prompts(embedded_pair, pro
         "bf16 copy, auto": (ModelDrafter(pair.drafter.model), make_policy("auto", 6)),
         "ngram, heuristic": (NgramDrafter(3), make_policy("heuristic", 6)),
         "lookup, gamma 3": (LookupDrafter(3), 3),
+        "bf16 copy on the target's keys and values, auto": (
+            ModelDrafter(pair.drafter.model, copy_of_target=True),
+            make_policy("auto", 8),
+        ),
+        "hybrid, bf16 copy on the target's keys and values, gamma 6": (
+            HybridDrafter(ModelDrafter(pair.drafter.model, copy_of_target=True), LookupDrafter(3)),
+            6,
+        ),
     }
     for name, (drafter, gamma) in drafters.items():
         result = speculative_generate(ids, drafter, pair.target.model, gamma=gamma, **common)
@@ -57,6 +65,7 @@ def test_greedy_speculative_equals_the_target_on_chat_prompts(embedded_pair, pro
 
 def test_the_bf16_copy_agrees_with_the_target_nearly_always(embedded_pair) -> None:
     pair = embedded_pair
+    assert pair.drafter_is_copy  # so the default drafter takes the target's keys and values
     result = speculative_generate(
         chat_ids(pair, PROMPTS[0]),
         pair.drafter.model,

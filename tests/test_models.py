@@ -65,6 +65,23 @@ def test_from_models_wraps_a_checked_pair() -> None:
     assert "target" in line and "float32" in line and "K params" in line and "KiB" in line
 
 
+def test_a_drafter_that_is_a_copy_of_the_target_is_named_so() -> None:
+    from rich.console import Console
+
+    from specrepl.render import Renderer
+
+    target = tiny_llama(32, seed=0)
+    copy = tiny_llama(32, seed=0).to(torch.bfloat16)
+    pair = ModelPair.from_models(target, copy, tiny_tokenizer(32))
+    assert pair.drafter_is_copy
+    assert not ModelPair.from_models(
+        target, tiny_llama(32, seed=1), tiny_tokenizer(32)
+    ).drafter_is_copy
+    console = Console(record=True, width=200)
+    Renderer(console).loaded(pair)
+    assert "a copy of the target: takes its keys and values" in console.export_text()
+
+
 def test_from_models_without_a_drafter() -> None:
     pair = ModelPair.from_models(tiny_llama(32), None, tiny_tokenizer(32))
     assert pair.drafter is None and pair.vocab_size == 32
