@@ -50,7 +50,8 @@ def main() -> int:
         messages, add_generation_prompt=True, return_dict=False
     )
     target = pair.target.model
-    drafter = build_drafter(DrafterOptions(kind="hybrid"), pair.drafter.model, target=target)
+    copy = pair.drafter_is_copy
+    drafter = build_drafter(DrafterOptions(kind="hybrid"), pair.drafter.model, copy_of_target=copy)
 
     def run(policy: AutoGamma, on_step=None) -> None:
         result = speculative_generate(

@@ -739,7 +739,7 @@ class Benchmark:
             model,
             head=head,
             use_cache=self.options.use_cache,
-            target=self.pair.target.model,
+            copy_of_target=self.pair.drafter_is_copy,
         )
 
     def _make_methods(self) -> list[Method]:

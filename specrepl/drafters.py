@@ -134,7 +134,7 @@ class ModelDrafter:
         self.name = name
         self.uses_target_features = False
         self.uses_target_cache = copy_of_target and use_cache and window is None
-        self._seeded = self.uses_target_cache  # this generation takes the target's cache
+        self._seeded = False  # this generation takes the target's cache (set by `begin`)
         self.use_cache = use_cache
         self.window = window
         self.device = model_device(model)
@@ -161,8 +161,8 @@ class ModelDrafter:
             self.cache, _ = self._kept.take(self.model, prompt.tolist())
         else:
             self.cache = new_cache(self.model)
-        self._seeded = self.uses_target_cache and (
-            self.cache is None or can_copy_positions(self.cache)
+        self._seeded = (
+            self.uses_target_cache and self.cache is not None and can_copy_positions(self.cache)
         )
 
     def forget(self) -> None:
@@ -625,12 +625,8 @@ class HybridDrafter:
             if self.last_source == "model":
                 self.model_gain = self._average(self.model_gain, valid_length - self._start)
         self._candidate, self._proposed = [], 0
-        if self.uses_target_cache:
-            self.model.update(
-                sequence, valid_length, target_logits, target_features, target_cache=target_cache
-            )
-        else:
-            self.model.update(sequence, valid_length, target_logits, target_features)
+        extra = {"target_cache": target_cache} if self.uses_target_cache else {}
+        self.model.update(sequence, valid_length, target_logits, target_features, **extra)
 
 
 def build_drafter(
@@ -640,15 +636,16 @@ def build_drafter(
     head: DraftHead | None = None,
     use_cache: bool = True,
     keep_between_prompts: bool = False,
-    target: PreTrainedModel | None = None,
+    copy_of_target: bool = False,
 ) -> Drafter:
     """The drafter `options` describe; `model` is the drafter model, needed by
     the `model` kind and by `hybrid` without a head; `head` the loaded draft
     head, needed by the `head` kind and by `hybrid` with one.
     `keep_between_prompts`: a model or head drafter keeps its cache from one
-    generation to the next (a chat). `target`: when `model` is a copy of it
-    (`is_copy_of`), the model drafter takes the target's keys and values
-    instead of reading for itself. Raises ValueError for an unknown kind or
+    generation to the next (a chat). `copy_of_target`: `model` is a copy of the
+    target (`is_copy_of`; a loaded pair knows it as `drafter_is_copy`), so the
+    model drafter takes the target's keys and values instead of reading for
+    itself. Raises ValueError for an unknown kind or
     a missing model or head."""
     if options.kind == "ngram":
         return NgramDrafter(
@@ -677,7 +674,7 @@ def build_drafter(
             use_cache=use_cache,
             window=options.window,
             keep_between_prompts=keep_between_prompts,
-            copy_of_target=target is not None and is_copy_of(model, target),
+            copy_of_target=copy_of_target,
         )
     if options.kind == "hybrid":
         # a head's drafts cost next to nothing beside the verification they share with a

@@ -436,7 +436,7 @@ class ChatSession:
             head=head,
             use_cache=settings.use_cache,
             keep_between_prompts=keep,
-            target=self.pair.target.model,
+            copy_of_target=self.pair.drafter_is_copy,
         )
         self._caches["speculative"].drop()
         self._kept_drafter = (key, drafter)

@@ -304,19 +304,20 @@ def test_a_copy_of_the_target_takes_its_keys_and_values_and_never_reads_a_prompt
     assert is_copy_of(copy, target)
     assert not is_copy_of(perturbed_copy(target, 0.1, seed=1), target)
     options = DrafterOptions(kind="model")
-    assert build_drafter(options, copy, target=target).uses_target_cache
+    perturbed = perturbed_copy(target, 0.1, seed=1)
+    assert build_drafter(options, copy, copy_of_target=is_copy_of(copy, target)).uses_target_cache
     assert not build_drafter(
-        options, perturbed_copy(target, 0.1, seed=1), target=target
+        options, perturbed, copy_of_target=is_copy_of(perturbed, target)
     ).uses_target_cache
     assert not build_drafter(options, copy).uses_target_cache
-    assert not build_drafter(options, copy, target=target, use_cache=False).uses_target_cache
+    assert not build_drafter(options, copy, copy_of_target=True, use_cache=False).uses_target_cache
 
     fed: list[int] = []
     hook = copy.register_forward_pre_hook(
         lambda module, args, kwargs: fed.append(kwargs["input_ids"].shape[-1]), with_kwargs=True
     )
     try:
-        drafter = build_drafter(options, copy, target=target)
+        drafter = build_drafter(options, copy, copy_of_target=True)
         prompt = PROMPTS[0]
         events: list[StepEvent] = []
         result = speculative_generate(
