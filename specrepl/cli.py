@@ -50,6 +50,7 @@ from .signals import (
     EXIT_INTERRUPTED,
     EXIT_TERMINATED,
     Terminated,
+    ctrl_c_insists,
     signals_held,
     sigterm_unwinds,
 )
@@ -359,7 +360,7 @@ def load_models(
 
     Raises ModelLoadError, IncompatibleTokenizersError, HeadLoadError or SettingError.
     """
-    with renderer.loading("Loading models") as progress:
+    with ctrl_c_insists(), renderer.loading("Loading models") as progress:
         return open_session(config, progress, retime_widths=retime_widths)
 
 

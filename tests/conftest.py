@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 
 import pytest
 import torch
@@ -12,6 +13,12 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # The tiny test models are far too small to gain from threads; one thread per
 # process also keeps parallel test runs from fighting over the two cores.
 torch.set_num_threads(1)
+# Children get Ctrl-C's default disposition, as a process started from a terminal has:
+# a non-interactive shell starts a background job (`pytest ... &`, as a long run is
+# often started) with SIGINT ignored, every child inherits that through exec, and
+# then the tests that send SIGINT to `python infer.py` wait for a child that ignores it.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(scope="session", autouse=True)

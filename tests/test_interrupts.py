@@ -69,6 +69,38 @@ def recorded(**options: Any) -> tuple[Renderer, Console]:
 # -- start-up ------------------------------------------------------------------------------------
 
 
+def test_a_swallowed_ctrl_c_is_raised_again_until_the_block_ends() -> None:
+    from specrepl.signals import ctrl_c_insists
+
+    caught = 0
+    with pytest.raises(KeyboardInterrupt), ctrl_c_insists(every=0.05):
+        try:
+            signal.raise_signal(signal.SIGINT)
+        except KeyboardInterrupt:
+            caught += 1  # swallowed, as C code that clears errors can
+        time.sleep(5)  # not reached: raised again within 0.05 s
+    assert caught == 1
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    time.sleep(0.2)  # nothing raised after the block
+
+
+def test_without_ctrl_c_the_block_changes_nothing() -> None:
+    from specrepl.signals import ctrl_c_insists
+
+    with ctrl_c_insists(every=0.01):
+        time.sleep(0.1)
+    time.sleep(0.05)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        with ctrl_c_insists(every=0.01):  # an ignored Ctrl-C stays ignored (a background job)
+            assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+            signal.raise_signal(signal.SIGINT)
+            time.sleep(0.05)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 @pytest.mark.parametrize("stage", ["load_pair", "warm_up"])
 @pytest.mark.parametrize(
     "argv",
@@ -562,9 +594,15 @@ def test_sigint_while_loading_in_a_real_process(models_dir: Path) -> None:
         while child.poll() is None and time.monotonic() < deadline:
             out.read(0.1)  # keep the pipe empty: a child blocked on writing cannot exit
         if child.poll() is None:
+            # SigIgn, SigBlk, SigPnd: whether the child ignores, blocks or still holds SIGINT
+            masks = [
+                line
+                for line in Path(f"/proc/{child.pid}/status").read_text().splitlines()
+                if line.startswith(("SigPnd", "ShdPnd", "SigBlk", "SigIgn", "SigCgt"))
+            ]
             child.send_signal(signal.SIGUSR1)
             time.sleep(1.0)
-            pytest.fail(f"still running 60 s after SIGINT:\n{out.drain()}")
+            pytest.fail(f"still running 60 s after SIGINT ({', '.join(masks)}):\n{out.drain()}")
         status = child.wait()
         text = out.drain()
     finally:
