@@ -10,7 +10,8 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from .kv_cache import cached_length, rollback_to
-from .widths import padded_width
+from .linear_forms import weight_first_rows
+from .widths import padded_width, width_plan
 
 
 def logits_width(model: PreTrainedModel) -> int:
@@ -70,6 +71,8 @@ def forward_pass(
     Logits beyond `vocab_size` (padding rows of the output layer) are dropped.
     A model with a width plan (`widths.py`) is fed extra copies of the last
     token when a wider pass is cheaper; they never reach the cache or the result.
+    Its linear layers multiply in the form the plan measured faster for the
+    width fed (`linear_forms.py`).
     """
     start = cached_length(cache)
     length = sequence.shape[0]
@@ -85,13 +88,15 @@ def forward_pass(
             pad = 0  # never feed positions past the context
     if pad:  # a wider pass is cheaper here (see widths.py); the padding is cut off again
         fed = torch.cat((fed, fed[-1:].expand(pad)))
-    output = model(
-        input_ids=fed.unsqueeze(0),
-        past_key_values=cache,
-        use_cache=cache is not None,
-        logits_to_keep=keep + pad,
-        output_hidden_states=features,
-    )
+    plan = width_plan(model)
+    with weight_first_rows(plan.weight_first if plan is not None else frozenset()):
+        output = model(
+            input_ids=fed.unsqueeze(0),
+            past_key_values=cache,
+            use_cache=cache is not None,
+            logits_to_keep=keep + pad,
+            output_hidden_states=features,
+        )
     if pad:
         rollback_to(cache, length)
     logits = output.logits[0, -(keep + pad) : output.logits.shape[1] - pad, :vocab_size]

@@ -17,6 +17,11 @@ an upgrade measures again; a plan is also measured again once it is older than
 repeats disagree by more than `NOISY_SPREAD` (the machine was busy) is used for
 the session but not stored, so it cannot slow every later start down.
 
+Each width is timed in two forms of the linear layers' product where the
+model allows it (`linear_forms.py`: `F.linear`'s x Wᵀ and the weight-first
+(W xᵀ)ᵀ, which some CPU BLAS libraries run much faster for a few rows), and the
+plan keeps, per width, the cheaper of the two.
+
 This module times models and keeps their plans; it knows nothing about
 drafting or acceptance.
 """
@@ -38,6 +43,7 @@ from transformers import PreTrainedModel
 from .atomic import write_text_atomically
 from .devices import synchronize
 from .kv_cache import new_cache, rollback_to
+from .linear_forms import allow_forms, forms_allowed, weight_first_rows
 
 __all__ = [
     "MAX_PLAN_AGE_DAYS",
@@ -45,6 +51,7 @@ __all__ = [
     "WidthPlan",
     "clear_width_plan",
     "cpu_model",
+    "measure_plan",
     "measure_widths",
     "padded_width",
     "plan_widths",
@@ -61,15 +68,18 @@ NOISY_SPREAD = 0.25  # (second largest - second smallest) / median of one width'
 
 @dataclass(frozen=True)
 class WidthPlan:
-    """Measured forward seconds per width, and the width each width is padded to."""
+    """Measured forward seconds per width (in the cheaper form), the width each
+    width is padded to, and the widths whose pass multiplies weight first."""
 
     seconds: dict[int, float]
     padded: dict[int, int]
+    weight_first: frozenset[int] = frozenset()
 
     def to_dict(self) -> dict[str, object]:
         return {
             "ms_per_width": {w: round(s * 1e3, 2) for w, s in sorted(self.seconds.items())},
             "padded": {w: p for w, p in sorted(self.padded.items()) if p != w},
+            "weight_first": sorted(self.weight_first),
         }
 
 
@@ -103,11 +113,15 @@ def measure_widths(
     context: int = 48,
     repeats: int = 5,
     seed: int = 0,
+    weight_first: frozenset[int] = frozenset(),
 ) -> dict[int, float]:
     """Median seconds of one cached forward pass feeding 1..max_width tokens
-    after `context` cached tokens. Widths are timed in rotating order so that
-    a slow spell of the machine does not land on one width."""
-    samples = measure_width_samples(model, max_width, context=context, repeats=repeats, seed=seed)
+    after `context` cached tokens (the widths in `weight_first` multiplying
+    weight first, see `linear_forms.py`). Widths are timed in rotating order
+    so that a slow spell of the machine does not land on one width."""
+    samples = measure_width_samples(
+        model, max_width, context=context, repeats=repeats, seed=seed, weight_first=weight_first
+    )
     return {w: statistics.median(times) for w, times in samples.items()}
 
 
@@ -131,6 +145,7 @@ def measure_width_samples(
     context: int = 48,
     repeats: int = 5,
     seed: int = 0,
+    weight_first: frozenset[int] = frozenset(),
 ) -> dict[int, list[float]]:
     """Every timed repeat of `measure_widths`, per width."""
     if max_width < 1:
@@ -149,7 +164,8 @@ def measure_width_samples(
             fed = tokens[None, context : context + width]
             synchronize(device)
             start = time.perf_counter()
-            model(input_ids=fed, past_key_values=cache, use_cache=True, logits_to_keep=width)
+            with weight_first_rows(weight_first):
+                model(input_ids=fed, past_key_values=cache, use_cache=True, logits_to_keep=width)
             synchronize(device)
             elapsed = time.perf_counter() - start
             rollback_to(cache, context)
@@ -158,20 +174,48 @@ def measure_width_samples(
     return timings
 
 
-def plan_widths(seconds: dict[int, float], *, margin: float = 0.9) -> WidthPlan:
+def plan_widths(
+    seconds: dict[int, float],
+    *,
+    margin: float = 0.9,
+    weight_first: frozenset[int] = frozenset(),
+) -> WidthPlan:
     """Pad a width to the cheapest larger measured width when that costs less
-    than `margin` times its own time (a clear win, not noise)."""
+    than `margin` times its own time (a clear win, not noise). `seconds` are
+    each width's in the form that `weight_first` chose for it."""
     padded: dict[int, int] = {}
     for width, cost in seconds.items():
         larger = [(seconds[w], w) for w in seconds if w > width]
         best_cost, best = min(larger, default=(cost, width))
         padded[width] = best if best_cost < margin * cost else width
-    return WidthPlan(seconds=dict(seconds), padded=padded)
+    chosen = frozenset(w for w in weight_first if w in seconds)
+    return WidthPlan(seconds=dict(seconds), padded=padded, weight_first=chosen)
+
+
+def measure_plan(model: PreTrainedModel, max_width: int, **measure: int) -> tuple[WidthPlan, float]:
+    """Time every width in the stock form and, where the model allows it
+    (`linear_forms.allow_forms`), weight first; plan with the cheaper form of
+    each width. Returns the plan and the spread of the noisiest timings."""
+    allow_forms(model)
+    stock = measure_width_samples(model, max_width, **measure)
+    samples = [stock]
+    seconds = {w: statistics.median(t) for w, t in stock.items()}
+    weight_first: set[int] = set()
+    if forms_allowed(model):
+        every = frozenset(stock)
+        other = measure_width_samples(model, max_width, weight_first=every, **measure)
+        samples.append(other)
+        for width, times in other.items():
+            if statistics.median(times) < seconds[width]:
+                seconds[width] = statistics.median(times)
+                weight_first.add(width)
+    plan = plan_widths(seconds, weight_first=frozenset(weight_first))
+    return plan, max(spread(s) for s in samples)
 
 
 def tune_widths(model: PreTrainedModel, max_width: int, **measure: int) -> WidthPlan:
     """Measure `model` and install its plan (used by every later forward pass)."""
-    plan = plan_widths(measure_widths(model, max_width, **measure))
+    plan, _ = measure_plan(model, max_width, **measure)
     set_width_plan(model, plan)
     return plan
 
@@ -217,13 +261,15 @@ def _stored_plan(entry: Any, now: float) -> WidthPlan | None:
     try:
         seconds = {int(w): float(t) for w, t in entry["seconds"].items()}
         measured = float(entry["measured_at"])
+        # a plan stored before the form was chosen per width lacks the key: measured again
+        weight_first = frozenset(int(w) for w in entry["weight_first"])
     except (KeyError, TypeError, ValueError, AttributeError):
         return None
     if not 0 <= now - measured <= MAX_PLAN_AGE_DAYS * 86400:
         return None
     if not seconds or not all(t > 0 for t in seconds.values()):
         return None
-    return plan_widths(seconds)
+    return plan_widths(seconds, weight_first=weight_first)
 
 
 def tune_pair_widths(
@@ -247,13 +293,18 @@ def tune_pair_widths(
         key = _plan_key(model, max_width)
         plan = None if retime else _stored_plan(saved.get(key), now)
         if plan is None:
-            samples = measure_width_samples(model.model, max_width)
-            plan = plan_widths({w: statistics.median(t) for w, t in samples.items()})
-            noise = spread(samples)
+            plan, noise = measure_plan(model.model, max_width)
             if noise <= NOISY_SPREAD:
-                saved[key] = {"seconds": plan.seconds, "measured_at": now, "spread": noise}
+                saved[key] = {
+                    "seconds": plan.seconds,
+                    "weight_first": sorted(plan.weight_first),
+                    "measured_at": now,
+                    "spread": noise,
+                }
             else:
                 saved.pop(key, None)
+        elif plan.weight_first:
+            allow_forms(model.model)
         set_width_plan(model.model, plan)
         plans[role] = plan
     if store is not None:

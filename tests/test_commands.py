@@ -378,7 +378,9 @@ def test_widths_shows_each_models_plan_and_retime_measures_again(session: ChatSe
     plan = measured.plans["target"]
     widths = range(1, max(session.settings.gamma, 8) + 2)
     assert plan is not None and set(plan.seconds) == set(widths)
-    console = Console(file=io.StringIO(), width=120, record=True)
+    console = Console(file=io.StringIO(), width=160, record=True)
     Renderer(console).show(measured)
-    assert "forward widths (measured just now" in console.export_text()
+    shown_text = console.export_text()
+    assert "forward widths (measured just now" in shown_text
+    assert "weight-first products at widths" in shown_text
     assert isinstance(REGISTRY.dispatch(session, "/widths later"), CommandFailed)

@@ -9,6 +9,12 @@ from specrepl.drafters import NgramDrafter
 from specrepl.forward import forward_logits
 from specrepl.generation import autoregressive_generate, speculative_generate
 from specrepl.kv_cache import cached_length, new_cache
+from specrepl.linear_forms import (
+    FormChoosingLinear,
+    allow_forms,
+    forms_allowed,
+    weight_first_rows,
+)
 from specrepl.processors import TopKProcessor
 from specrepl.testing import perturbed_copy, tiny_llama
 from specrepl.widths import (
@@ -70,6 +76,62 @@ def test_greedy_speculative_with_padding_equals_the_target(target, gamma) -> Non
         for draft_with in (drafter, NgramDrafter(3)):
             result = speculative_generate(prompt, draft_with, target, gamma=gamma, max_gen_len=24)
             assert result.token_ids == reference
+
+
+@pytest.mark.parametrize("gamma", [1, 3, 8])
+def test_greedy_speculative_weight_first_equals_the_target(target, gamma) -> None:
+    references = [autoregressive_generate(p, target, max_gen_len=24).token_ids for p in PROMPTS]
+    drafter = perturbed_copy(target, 0.1, seed=1)
+    every = frozenset(range(1, 10))
+    for model in (target, drafter):
+        assert allow_forms(model) > 0
+        set_width_plan(model, WidthPlan(seconds={}, padded={}, weight_first=every))
+    for prompt, reference in zip(PROMPTS, references, strict=True):
+        for draft_with in (drafter, NgramDrafter(3)):
+            result = speculative_generate(prompt, draft_with, target, gamma=gamma, max_gen_len=24)
+            assert result.token_ids == reference
+    clear_width_plan(drafter)
+
+
+def test_weight_first_gives_the_stock_products() -> None:
+    model = tiny_llama(32, seed=0)
+    layer = model.model.layers[0].mlp.down_proj
+    allow_forms(model)
+    assert isinstance(layer, FormChoosingLinear)
+    for shape in ((1, 1), (1, 5), (2, 3), (9,)):
+        x = torch.randn(*shape, layer.in_features)
+        stock = torch.nn.functional.linear(x, layer.weight)
+        with weight_first_rows(frozenset(range(1, 20))):
+            chosen = layer(x)
+        torch.testing.assert_close(chosen, stock)
+        assert torch.equal(layer(x), stock)  # outside a block: the stock kernel itself
+
+
+def test_only_plain_float_linear_layers_on_a_cpu_take_another_form() -> None:
+    class Custom(torch.nn.Linear):
+        pass
+
+    holder = torch.nn.Sequential(torch.nn.Linear(4, 4), Custom(4, 4), torch.nn.Linear(4, 4))
+    holder[2].weight = torch.nn.Parameter(torch.ones(4, 4, dtype=torch.int8), requires_grad=False)
+    assert allow_forms(holder) == 1 and forms_allowed(holder)
+    assert type(holder[1]) is Custom and type(holder[2]) is torch.nn.Linear
+    assert allow_forms(holder) == 1  # idempotent
+
+
+def test_a_plan_keeps_the_cheaper_form_of_each_width(monkeypatch, target) -> None:
+    from specrepl import widths
+
+    def measured(model, max_width, weight_first=frozenset(), **kwargs):
+        # weight first is cheaper at widths 2 and 3 only
+        stock = {1: 1.0, 2: 3.0, 3: 3.0, 4: 2.0}
+        cost = {1: 1.1, 2: 1.5, 3: 1.8, 4: 2.5} if weight_first else stock
+        return {w: [cost[w]] * 5 for w in range(1, max_width + 1)}
+
+    monkeypatch.setattr(widths, "measure_width_samples", measured)
+    plan, noise = widths.measure_plan(target, 4)
+    assert plan.weight_first == frozenset({2, 3}) and noise == 0.0
+    assert plan.seconds == {1: 1.0, 2: 1.5, 3: 1.8, 4: 2.0}
+    assert plan.to_dict()["weight_first"] == [2, 3]
 
 
 def test_seeded_sampling_with_padding_is_unchanged(target) -> None:
@@ -148,7 +210,8 @@ def test_noisy_old_and_foreign_plans_are_measured_again(tmp_path, monkeypatch) -
 
     def counting(kind):
         def measure(model, max_width, **kwargs):
-            measured.append(max_width)
+            if not kwargs.get("weight_first"):  # a plan times the stock form, then the other
+                measured.append(max_width)
             return kind(model, max_width)
 
         return measure
@@ -171,12 +234,13 @@ def test_noisy_old_and_foreign_plans_are_measured_again(tmp_path, monkeypatch) -
     for stale in (
         {**entry, "measured_at": entry["measured_at"] - 31 * 86400},
         {"seconds": entry["seconds"]},
+        {key: value for key, value in entry.items() if key != "weight_first"},  # before forms
         {**entry, "measured_at": entry["measured_at"] + 86400},
         {**entry, "seconds": {"1": -1.0}},
     ):
         store.write_text(json.dumps({key: stale for key in saved}))
         widths.tune_pair_widths(pair, 3, store=store)
-    assert len(measured) == 7
+    assert len(measured) == 8
     clear_width_plan(pair.target.model)
 
 

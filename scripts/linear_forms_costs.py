@@ -1,0 +1,55 @@
+"""Forward seconds per width of the embedded pair's models with their linear layers
+in the stock form (x Wᵀ) and weight first ((W xᵀ)ᵀ), on this machine.
+
+    HF_HUB_OFFLINE=1 .venv/bin/python scripts/linear_forms_costs.py [--rounds 3]
+
+The forms are timed in alternating rounds in one process (a slow spell of the
+machine lands on both), as `widths.py` times them at start-up; the CPU's name
+is printed first. A measurement, not a test: see specrepl/linear_forms.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+
+from specrepl.config import ModelSpec
+from specrepl.linear_forms import allow_forms
+from specrepl.models import load_pair
+from specrepl.widths import cpu_model, measure_width_samples
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--max-width", type=int, default=9)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--context", type=int, default=100)
+    args = parser.parse_args()
+
+    print(cpu_model())
+    pair = load_pair("embedded", ModelSpec("embedded", dtype="bfloat16"))
+    every = frozenset(range(1, args.max_width + 1))
+    for role, loaded in (("target", pair.target), ("drafter", pair.drafter)):
+        model = loaded.model
+        allow_forms(model)
+        times: dict[str, dict[int, list[float]]] = {"stock": {}, "weight first": {}}
+        for _ in range(args.rounds):
+            for form, rows in (("stock", frozenset()), ("weight first", every)):
+                samples = measure_width_samples(
+                    model, args.max_width, context=args.context, repeats=3, weight_first=rows
+                )
+                for width, seconds in samples.items():
+                    times[form].setdefault(width, []).extend(seconds)
+        one = statistics.median(times["stock"][1])
+        print(f"{role} ({loaded.dtype}): ms per width 1..{args.max_width} (× stock width 1)")
+        for form, per_width in times.items():
+            cells = [
+                f"{1e3 * statistics.median(t):.0f} ({statistics.median(t) / one:.2f})"
+                for _, t in sorted(per_width.items())
+            ]
+            print(f"  {form:12s} " + "  ".join(cells))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
