@@ -43,7 +43,7 @@ from transformers import PreTrainedModel
 from .atomic import write_text_atomically
 from .devices import synchronize
 from .kv_cache import new_cache, rollback_to
-from .linear_forms import allow_forms, forms_allowed, weight_first_rows
+from .linear_forms import allow_forms, weight_first_rows
 
 __all__ = [
     "MAX_PLAN_AGE_DAYS",
@@ -196,18 +196,17 @@ def measure_plan(model: PreTrainedModel, max_width: int, **measure: int) -> tupl
     """Time every width in the stock form and, where the model allows it
     (`linear_forms.allow_forms`), weight first; plan with the cheaper form of
     each width. Returns the plan and the spread of the noisiest timings."""
-    allow_forms(model)
+    allowed = allow_forms(model)  # before timing the stock form: passes run as these layers
     stock = measure_width_samples(model, max_width, **measure)
     samples = [stock]
     seconds = {w: statistics.median(t) for w, t in stock.items()}
     weight_first: set[int] = set()
-    if forms_allowed(model):
-        every = frozenset(stock)
-        other = measure_width_samples(model, max_width, weight_first=every, **measure)
+    if allowed:
+        other = measure_width_samples(model, max_width, weight_first=frozenset(stock), **measure)
         samples.append(other)
         for width, times in other.items():
-            if statistics.median(times) < seconds[width]:
-                seconds[width] = statistics.median(times)
+            if (median := statistics.median(times)) < seconds[width]:
+                seconds[width] = median
                 weight_first.add(width)
     plan = plan_widths(seconds, weight_first=frozenset(weight_first))
     return plan, max(spread(s) for s in samples)
