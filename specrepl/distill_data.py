@@ -31,9 +31,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from .atomic import unreadable, write_atomically
+from .kv_cache import growing_cache
 
 __all__ = [
     "OPENERS",
@@ -165,7 +166,11 @@ def batched_generate(
 ) -> GeneratedBatch:
     """Continue every prompt (left-padded into one batch) until an end token or
     `max_new_tokens`; temperature 0 is greedy. Positions come from the mask,
-    so padding changes nothing but rounding. The end token is kept."""
+    so padding changes nothing but rounding. The end token is kept.
+
+    The cache grows in place (`kv_cache.growing_cache`), and rows that have
+    finished leave the batch once an eighth of it has (one copy of the cache),
+    so a batch costs what its unfinished answers cost."""
     device = next(model.parameters()).device
     rows = len(prompts)
     width = max(len(p) for p in prompts)
@@ -176,13 +181,14 @@ def batched_generate(
         mask[row, width - len(prompt) :] = 1
     ids, mask = ids.to(device), mask.to(device)
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
-    cache = DynamicCache(config=model.config)
+    cache = growing_cache(model, room=width + max_new_tokens)
     ends = torch.tensor(list(end_tokens), dtype=torch.long, device=device)
+    answers: list[list[int]] = [[] for _ in range(rows)]
+    features: list[list[torch.Tensor]] = [[] for _ in range(rows)]
+    alive = torch.arange(rows, device=device)  # the original row of each batch row
     done = torch.zeros(rows, dtype=torch.bool, device=device)
-    new_tokens: list[torch.Tensor] = []
-    features: list[torch.Tensor] = []
     fed, fed_positions = ids, positions
-    for _ in range(max_new_tokens):
+    for step in range(max_new_tokens):
         output = model(
             input_ids=fed,
             attention_mask=mask,
@@ -192,39 +198,42 @@ def batched_generate(
             output_hidden_states=keep_features,
             logits_to_keep=1,
         )
-        if keep_features:
-            features.append(output.hidden_states[-1].to(torch.bfloat16).cpu())
         logits = output.logits[:, -1]
         if temperature > 0:
             token = _sample(logits, temperature, top_p, generator)
         else:
             token = logits.argmax(-1)
-        token = torch.where(done, torch.full_like(token, pad_id), token)
-        new_tokens.append(token)
+        owners, finished_before = alive.tolist(), done.tolist()
+        if keep_features:
+            hidden = output.hidden_states[-1].to(torch.bfloat16).cpu()
+            for slot, row in enumerate(owners):
+                if not finished_before[slot]:
+                    skip = width - len(prompts[row]) if step == 0 else 0
+                    features[row].append(hidden[slot, skip:])
+        for slot, (row, value) in enumerate(zip(owners, token.tolist(), strict=True)):
+            if not finished_before[slot]:
+                answers[row].append(value)
         done = done | torch.isin(token, ends)
-        if bool(done.all()):
+        finished = int(done.sum())
+        if finished == len(owners):
             break
         fed = token[:, None]
-        mask = torch.cat((mask, mask.new_ones(rows, 1)), dim=1)
+        mask = torch.cat((mask, mask.new_ones(len(owners), 1)), dim=1)
         fed_positions = fed_positions[:, -1:] + 1
-    generated = torch.stack(new_tokens, dim=1).cpu()
-    all_features = torch.cat(features, dim=1) if keep_features else None
+        if finished and finished * 8 >= len(owners):
+            keep = (~done).nonzero().squeeze(-1)
+            cache.batch_select_indices(keep)
+            alive, done = alive[keep], done[keep]
+            fed, mask, fed_positions = fed[keep], mask[keep], fed_positions[keep]
     result = GeneratedBatch([], [], [])
-    end_set = set(int(t) for t in end_tokens)
     for row, prompt in enumerate(prompts):
-        answer: list[int] = []
-        for token in generated[row].tolist():
-            answer.append(token)
-            if token in end_set:
-                break
-        sequence = torch.tensor([*prompt, *answer], dtype=torch.long)
+        sequence = torch.tensor([*prompt, *answers[row]], dtype=torch.long)
         result.ids.append(sequence)
         result.prompt_lengths.append(len(prompt))
-        if all_features is not None:
+        if keep_features:
             # features exist for every position fed: the prompt and all answer
             # tokens but the last (nothing was fed after it)
-            start = width - len(prompt)
-            row_features = all_features[row, start : start + sequence.shape[0] - 1]
+            row_features = torch.cat(features[row], dim=0)[: sequence.shape[0] - 1]
             result.features.append(row_features.clone())
     return result
 
@@ -344,6 +353,8 @@ def make_answers(
     agrees with the target on almost every token, and the features, hence the
     training labels, always come from `target`). Stops after the shard that
     passes `token_budget` answer tokens. Returns the answer tokens on disk.
+    When the target writes, its features are the ones read during writing;
+    a copy's answers are read by the target in one more pass.
     A shard that cannot be read (cut short, zero-filled, not a shard) is
     removed, with a line to `on_message`, and made again."""
     directory.mkdir(parents=True, exist_ok=True)
@@ -362,6 +373,7 @@ def make_answers(
         chunk.sort(key=len)
         sequences: list[torch.Tensor] = []
         prompt_lengths: list[int] = []
+        features: list[torch.Tensor] = []
         for start in range(0, len(chunk), batch_size):
             generated = batched_generate(
                 writer,
@@ -369,11 +381,13 @@ def make_answers(
                 max_new_tokens=max_new_tokens,
                 end_tokens=end_tokens,
                 pad_id=pad_id,
-                keep_features=False,
+                keep_features=writer is target,
             )
             sequences.extend(generated.ids)
             prompt_lengths.extend(generated.prompt_lengths)
-        features = target_features(target, sequences, pad_id=pad_id)
+            features.extend(generated.features)
+        if writer is not target:
+            features = target_features(target, sequences, pad_id=pad_id)
         records = [
             {"ids": ids, "features": feats, "prompt_length": length}
             for ids, feats, length in zip(sequences, features, prompt_lengths, strict=True)
