@@ -36,8 +36,9 @@ from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
-from . import bench_markdown, chat_replay, repl
+from . import chat_replay, repl
 from .atomic import write_text_atomically
+from .bench import markdown as bench_markdown
 from .config import (
     AppConfig,
     ConfigError,
@@ -102,9 +103,9 @@ def _report_console() -> Console:
 
 
 def _run_bench(args: argparse.Namespace) -> int:
-    from . import bench
+    from .bench import command
 
-    return bench.run(args, _report_console())
+    return command.run(args, _report_console())
 
 
 def _run_soak(args: argparse.Namespace) -> int:
@@ -247,7 +248,7 @@ def _run_distill(args: argparse.Namespace) -> int:
 
 
 def _run_compare(args: argparse.Namespace) -> int:
-    """`python infer.py compare RUN.json...`: saved runs as Markdown (bench_markdown.py)."""
+    """`python infer.py compare RUN.json...`: saved runs as Markdown (bench/markdown.py)."""
     return bench_markdown.compare_command(args, sys.stdout.write, sys.stderr.write)
 
 
@@ -271,7 +272,7 @@ SUBCOMMANDS: list[Subcommand] = [
     Subcommand(
         "bench",
         "measure speed against the peers on Spec-Bench prompts (bench --help)",
-        _arguments_of("bench"),
+        _arguments_of("bench.command"),
         _run_bench,
     ),
     Subcommand(

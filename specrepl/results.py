@@ -47,8 +47,25 @@ class StepEvent:
         return len(self.drafts)
 
 
+class TimedTokens:
+    """The figures of any timed generation: its new tokens, and tokens per
+    second over `seconds` (the engine's active time for `GenerationResult`,
+    the wall time around the call for a benchmark run)."""
+
+    token_ids: list[int]
+    seconds: float
+
+    @property
+    def new_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def tokens_per_second(self) -> float | None:
+        return self.new_tokens / self.seconds if self.seconds > 0 else None
+
+
 @dataclass
-class GenerationResult:
+class GenerationResult(TimedTokens):
     """Summary of one generation run; token counts are tokens, never characters."""
 
     kind: GeneratorKind
@@ -68,14 +85,6 @@ class GenerationResult:
     drafted_per_position: list[int] = field(default_factory=list)
     accepted_length_histogram: list[int] = field(default_factory=list)
     stop_reason: StopReason = "length"
-
-    @property
-    def new_tokens(self) -> int:
-        return len(self.token_ids)
-
-    @property
-    def tokens_per_second(self) -> float | None:
-        return self.new_tokens / self.seconds if self.seconds > 0 else None
 
     @property
     def acceptance_rate(self) -> float | None:

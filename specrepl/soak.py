@@ -32,16 +32,14 @@ import os
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from .answers import Answer, Message
+from .answers import Answer, EventCallback, Message
 from .flags import add_model_options, add_setting_options
 from .session import ChatSession
 from .settings import Settings
-
-if TYPE_CHECKING:
-    from .render import Renderer
 
 __all__ = [
     "DEFAULT_PROMPTS",
@@ -295,7 +293,16 @@ def _fresh_answer(
     return answer, fresh.history
 
 
-def _draw(renderer: Renderer | None, session: ChatSession, prompt: str) -> Answer:
+class AnswerDrawer(Protocol):
+    """What the soak needs to draw live answers as the REPL does (the REPL's
+    `render.Renderer` is one); declared here so that soak imports no renderer."""
+
+    def stream(self) -> AbstractContextManager[EventCallback]: ...
+
+    def answer(self, answer: Answer, /) -> None: ...
+
+
+def _draw(renderer: AnswerDrawer | None, session: ChatSession, prompt: str) -> Answer:
     if renderer is None:
         return session.answer(prompt)
     with renderer.stream() as on_event:
@@ -313,7 +320,7 @@ def soak(
     reset_every: int = 4,
     warmup: int | None = None,
     check: bool = True,
-    renderer: Renderer | None = None,
+    renderer: AnswerDrawer | None = None,
     on_prompt: Callable[[int, int], None] | None = None,
 ) -> SoakResult:
     """Answer `prompts` prompts in `session`, cycling over `texts` and `variants`.

@@ -11,23 +11,20 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from specrepl import bench, bench_report
-from specrepl.bench import (
-    BenchError,
-    Benchmark,
-    BenchOptions,
-    BenchPrompt,
-    BenchReport,
-    GammaSpec,
+from specrepl.bench import command, tables
+from specrepl.bench import prompts as bench_prompts
+from specrepl.bench.command import parse_sweep
+from specrepl.bench.figures import (
     Method,
     MethodRun,
     PromptRecord,
-    load_prompts,
-    parse_sweep,
     predict_from_steps,
     predicted_speedup,
     summarize,
 )
+from specrepl.bench.prompts import BenchError, BenchPrompt, load_prompts
+from specrepl.bench.report import BenchReport
+from specrepl.bench.runner import Benchmark, BenchOptions, GammaSpec
 from specrepl.gamma import expected_tokens
 from specrepl.models import ModelPair
 from specrepl.processors import MultinomialProcessor
@@ -104,19 +101,22 @@ def test_unknown_category_names_the_available_ones(prompts_file: Path) -> None:
 
 
 def test_default_prompts_ship_with_the_repository(tmp_path: Path) -> None:
-    found, _ = bench.default_prompts_path()
-    assert found == Path(bench.__file__).resolve().parent.parent / "benchmarks" / "spec_bench.jsonl"
+    found, _ = bench_prompts.default_prompts_path()
+    assert (
+        found
+        == Path(bench_prompts.__file__).resolve().parents[2] / "benchmarks" / "spec_bench.jsonl"
+    )
     assert len(load_prompts(found)) == 480
     repo = tmp_path / "repo"  # an installed package without the file: the working directory's
     repo.mkdir()
     work = tmp_path / "work"
-    found, looked = bench.default_prompts_path(repo, cwd=work)
+    found, looked = bench_prompts.default_prompts_path(repo, cwd=work)
     assert found is None
     assert (repo / "benchmarks" / "spec_bench.jsonl").resolve() == looked[0]
     assert (work / "benchmarks" / "spec_bench.jsonl").resolve() == looked[1]
     looked[1].parent.mkdir(parents=True)
     looked[1].write_text("", encoding="utf-8")
-    assert bench.default_prompts_path(repo, cwd=work)[0] == looked[1]
+    assert bench_prompts.default_prompts_path(repo, cwd=work)[0] == looked[1]
 
 
 # -- flag values ----------------------------------------------------------------
@@ -322,7 +322,7 @@ def test_benchmark_greedy_with_peers_and_sweep(pair: ModelPair, prompts_file: Pa
     }
 
     console = _console()
-    bench_report.render_report(report, console)
+    tables.render_report(report, console)
     text = console.export_text()
     for expected in ("writing (2 prompts)", "overall (4 prompts)", "gamma sweep", "4/4"):
         assert expected in text
@@ -361,7 +361,7 @@ def test_mismatches_are_reported_not_hidden(pair: ModelPair, prompts_file: Path)
     report = BenchReport.build(benchmark)
     assert report.summary["overall"]["speculative"].identical == 1
     console = _console()
-    bench_report.render_report(report, console)
+    tables.render_report(report, console)
     text = console.export_text()
     assert "1 greedy output(s) differ" in text
     assert "writing/1 speculative: first difference at token 2" in text
@@ -385,7 +385,7 @@ def test_model_drafter_needs_a_drafter_model(pair: ModelPair) -> None:
 
 def _parse(*argv: str) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
-    bench.add_arguments(parser)
+    command.add_arguments(parser)
     return parser.parse_args(list(argv))
 
 
@@ -419,7 +419,7 @@ def test_run_end_to_end(pair: ModelPair, prompts_file: Path, tmp_path: Path) -> 
         str(out),
     )
     console = _console()
-    assert bench.run(args, console, pair=pair) == 0
+    assert command.run(args, console, pair=pair) == 0
     text = console.export_text()
     assert "speculative (hybrid, γ auto≤4)" in text  # the default config's drafter kind
     assert "summarization (1 prompt)" in text
@@ -438,7 +438,7 @@ def test_run_chart(pair: ModelPair, prompts_file: Path, tmp_path: Path) -> None:
     chart = tmp_path / "chart.png"
     flags = "--limit 1 --max-new-tokens 6 --peers hf --gamma-sweep 1-2 --warmup 0"
     args = _parse("--prompts", str(prompts_file), "--chart", str(chart), *flags.split())
-    assert bench.run(args, _console(), pair=pair) == 0
+    assert command.run(args, _console(), pair=pair) == 0
     assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -460,16 +460,16 @@ def test_run_refuses_bad_input_before_loading(
     if "--prompts" not in argv:
         argv = ["--prompts", str(prompts_file), *argv]
     console = _console()
-    assert bench.run(_parse(*argv), console) == 2  # no pair: it would load one if it got that far
+    assert command.run(_parse(*argv), console) == 2  # no pair: it would load one if it got that far
     assert message in console.export_text()
 
 
 def test_chart_needs_matplotlib(monkeypatch, prompts_file: Path, tmp_path: Path) -> None:
-    monkeypatch.setattr(bench_report.importlib.util, "find_spec", lambda name: None)
-    assert "pip install matplotlib==" in (bench_report.chart_unavailable() or "")
+    monkeypatch.setattr(tables.importlib.util, "find_spec", lambda name: None)
+    assert "pip install matplotlib==" in (tables.chart_unavailable() or "")
     console = _console()
     args = _parse("--prompts", str(prompts_file), "--chart", str(tmp_path / "c.png"))
-    assert bench.run(args, console) == 2
+    assert command.run(args, console) == 2
     assert "needs matplotlib" in console.export_text()
 
 

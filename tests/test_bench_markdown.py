@@ -1,6 +1,6 @@
 """Results people can read and share: reports written to a file or a pipe keep
 every cell whole, and `bench --format markdown` and `compare` print Markdown
-tables (bench_markdown.py)."""
+tables (specrepl/bench/markdown.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from specrepl import cli
-from specrepl.bench_markdown import compare_markdown, load_run, markdown_table, run_markdown
+from specrepl.bench.markdown import compare_markdown, load_run, markdown_table, run_markdown
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPTS = (

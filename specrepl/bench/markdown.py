@@ -10,8 +10,8 @@ a table saying what each run was: machine, versions, date and command.
 `python infer.py compare RUN.json...` the second.
 
 Plain text from plain data: no rich, no torch, no model. The figures are
-the ones the run measured (medians and pooled ratios, see bench.py); nothing
-is recomputed here.
+the ones the run measured (medians and pooled ratios, see `figures.py`);
+nothing is recomputed here.
 """
 
 from __future__ import annotations
@@ -22,6 +22,8 @@ import shlex
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
+
+from .figures import OVERALL, TARGET
 
 __all__ = [
     "DASH",
@@ -36,8 +38,6 @@ __all__ = [
     "run_markdown",
 ]
 
-OVERALL = "overall"
-TARGET = "target"
 SCHEMA_PREFIX = "specrepl-bench/"
 DASH = "—"
 
@@ -46,7 +46,7 @@ Figure = Callable[[dict[str, Any]], str]
 
 
 def format_times(value: float | None) -> str:
-    """`1.23×`; a dash for a figure that was not measured (also in bench_report's tables)."""
+    """`1.23×`; a dash for a figure that was not measured (also in the rich tables)."""
     return DASH if value is None else f"{value:.2f}×"
 
 

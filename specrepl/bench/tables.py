@@ -1,4 +1,4 @@
-"""Tables and the chart of a finished benchmark (`bench.py` measures, this draws).
+"""Tables and the chart of a finished benchmark (`runner.py` measures, this draws).
 
 `render_report` prints, on the console it is given, a rich table per category
 and one overall (median tokens/s, speedups over specrepl target-only and over
@@ -28,8 +28,9 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from .bench import HF_GENERATE, OVERALL, TARGET, BenchReport, Method, MethodSummary
-from .bench_markdown import DASH, format_number, format_percent, format_times
+from .figures import HF_GENERATE, OVERALL, TARGET, Method, MethodSummary
+from .markdown import DASH, format_number, format_percent, format_times
+from .report import BenchReport
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes

@@ -1,0 +1,282 @@
+"""`python infer.py bench`: the command line over the runner, the report and the tables.
+
+Flags and the config become the application config through the same
+`flags.app_config` as the REPL and `--prompt`, so every model and setting flag
+means the same before or after `bench`; then the pair is loaded, a progress bar
+follows the runs, and the report goes to the tables (or Markdown), `--json`
+and `--chart`. Exit status: 0, 1 (models could not be loaded), 2 (bad input)
+or 130 (Ctrl-C; what was measured is still shown and written).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+
+from ..compatibility import IncompatibleTokenizersError
+from ..config import AppConfig, ConfigError
+from ..flags import add_model_options, add_setting_options, app_config
+from ..models import ModelLoadError, ModelPair, load_pair
+from ..settings import GAMMA_MAX, SettingError
+from ..signals import EXIT_INTERRUPTED
+from . import tables
+from .markdown import run_markdown
+from .prompts import PROMPTS_FILE, BenchError, BenchPrompt, default_prompts_path, load_prompts
+from .report import BenchReport
+from .runner import PEERS, Benchmark, BenchOptions, GammaSpec
+
+__all__ = ["add_arguments", "parse_sweep", "run"]
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+
+
+def parse_sweep(value: str | None) -> tuple[int, ...]:
+    """`1-8`, `2,4,6` or a mix (`1-3,6`): the gammas of a sweep, sorted, no repeats."""
+    if value is None or not value.strip():
+        return ()
+    gammas: set[int] = set()
+    for part in value.split(","):
+        match = re.fullmatch(r"\s*(\d+)\s*(?:-\s*(\d+)\s*)?", part)
+        if match is None:
+            raise BenchError(f"--gamma-sweep: expected a range like 1-8 or a list, got {value!r}")
+        low = int(match.group(1))
+        high = int(match.group(2) or low)
+        if low > high:
+            raise BenchError(f"--gamma-sweep: {low}-{high} is an empty range")
+        if low < 1 or high > GAMMA_MAX:
+            raise BenchError(f"--gamma-sweep: gammas must be between 1 and {GAMMA_MAX}")
+        gammas.update(range(low, high + 1))
+    return tuple(sorted(gammas))
+
+
+def _categories(value: str | None) -> list[str] | None:
+    if value is None:
+        return None
+    names = [name.strip() for name in value.split(",") if name.strip()]
+    if not names:
+        raise BenchError("--categories: give at least one category name")
+    return names
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags of `python infer.py bench`: its own, and the model and setting flags
+    every entry point takes (flags.py), which mean the same before or after `bench`."""
+    parser.add_argument(
+        "--prompts",
+        metavar="PATH",
+        help="Spec-Bench JSONL (question_id, category, turns); default: "
+        f"{PROMPTS_FILE.as_posix()}, shipped with specrepl",
+    )
+    parser.add_argument("--limit", type=int, metavar="N", help="at most N prompts per category")
+    parser.add_argument(
+        "--categories", metavar="A,B", help="only these categories (comma-separated)"
+    )
+    parser.add_argument(
+        "--peers",
+        choices=PEERS,
+        help="hf: also time transformers generate() and its drafters; "
+        "hf-lookup: generate() and its prompt lookup only",
+    )
+    parser.add_argument(
+        "--gamma-sweep",
+        metavar="RANGE",
+        help="also run the speculative method with each fixed gamma, e.g. 1-8",
+    )
+    parser.add_argument("--json", dest="json_out", metavar="OUT", help="write every figure here")
+    parser.add_argument(
+        "--format",
+        choices=("table", "markdown"),
+        default="table",
+        help="the report on stdout: tables (default), or Markdown to paste into an issue or"
+        " README (progress then goes to stderr); `python infer.py compare` prints saved runs",
+    )
+    parser.add_argument(
+        "--chart", dest="chart_out", metavar="OUT.png", help="draw speedups here (matplotlib)"
+    )
+    parser.add_argument(
+        "--warmup", type=int, metavar="N", default=1, help="warm-up runs of every method (1)"
+    )
+    parser.add_argument(
+        "--widths",
+        choices=("tune", "off"),
+        default="tune",
+        help="tune: time each model's forward widths first and pad to cheaper ones (default)",
+    )
+    add_model_options(parser, after_subcommand=True)
+    add_setting_options(parser, after_subcommand=True)
+
+
+def _arg(args: argparse.Namespace, name: str) -> Any:
+    return getattr(args, name, None)
+
+
+@dataclass(frozen=True)
+class _Plan:
+    config: AppConfig
+    prompts_path: Path
+    prompts: list[BenchPrompt]
+    options: BenchOptions
+    load_drafter: bool
+
+    def config_dict(self, args: argparse.Namespace) -> dict[str, Any]:
+        return {
+            "config_file": None if self.config.path is None else str(self.config.path),
+            "device": self.config.device,
+            "prompts_file": str(self.prompts_path),
+            "categories": list(dict.fromkeys(prompt.category for prompt in self.prompts)),
+            "limit_per_category": _arg(args, "limit"),
+            "prompts": len(self.prompts),
+        }
+
+
+def _plan(args: argparse.Namespace) -> _Plan:
+    """Everything the flags and the config decide, checked before any model loads."""
+    config = app_config(args)
+    settings = config.settings
+    if _arg(args, "prompts"):
+        prompts_path = Path(_arg(args, "prompts")).expanduser()
+    else:
+        found, looked = default_prompts_path()
+        if found is None:
+            raise BenchError(
+                "no prompts file: looked for "
+                + ", ".join(str(path) for path in looked)
+                + "; give one with --prompts PATH"
+            )
+        prompts_path = found
+    prompts = load_prompts(
+        prompts_path, categories=_categories(_arg(args, "categories")), limit=_arg(args, "limit")
+    )
+    peers = () if _arg(args, "peers") in (None, "none") else (_arg(args, "peers"),)
+    options = BenchOptions(
+        max_new_tokens=settings.max_new_tokens,
+        processor=settings.logits_processor(),
+        gamma=GammaSpec(settings.gamma_policy, settings.gamma),
+        drafter_kind=settings.drafter_kind,
+        drafter=settings.drafter_options(),
+        peers=peers,
+        sweep=parse_sweep(_arg(args, "gamma_sweep")),
+        seed=settings.seed,
+        warmup=1 if _arg(args, "warmup") is None else _arg(args, "warmup"),
+        use_cache=settings.use_cache,
+        chat=settings.chat,
+        system_prompt=settings.system_prompt,
+        tune_widths=_arg(args, "widths") != "off",
+    )
+    needs_model = settings.drafter_options().needs_model
+    if needs_model and config.drafter is None:
+        raise BenchError(
+            f"--drafter-kind {settings.drafter_kind} needs a drafter model, and the config has"
+            " none (or --drafter none was given): use --drafter-kind ngram, lookup or head"
+        )
+    return _Plan(config, prompts_path, prompts, options, needs_model or bool(peers))
+
+
+def _progress_bar(console: Console) -> Progress:
+    return Progress(
+        TextColumn("[progress.description]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("left"),
+        TimeRemainingColumn(),
+        console=console,
+        transient=True,
+    )
+
+
+def run(args: argparse.Namespace, console: Console, *, pair: ModelPair | None = None) -> int:
+    """`python infer.py bench`: measure, show the tables, write JSON and chart.
+
+    `pair` replaces loading the config's models (tests). Returns the exit
+    status: 0, 1 (models could not be loaded), 2 (bad input) or 130 (Ctrl-C;
+    what was measured is still shown and written).
+    """
+    markdown = _arg(args, "format") == "markdown"
+    report_console = console
+    if markdown:  # stdout is the Markdown alone; everything else goes to stderr
+        console = Console(stderr=True, highlight=False)
+
+    def fail(message: str, status: int) -> int:
+        console.print(f"[bold red]error:[/] {escape(message)}")
+        return status
+
+    try:
+        plan = _plan(args)
+    except (BenchError, ConfigError, SettingError, ValueError) as error:
+        return fail(str(error), EXIT_USAGE)
+    chart_out = _arg(args, "chart_out")
+    if chart_out:
+        missing = tables.chart_unavailable()
+        if missing is not None:
+            return fail(f"--chart: {missing}", EXIT_USAGE)
+    if pair is None:
+        config = plan.config
+        try:
+            with console.status("loading models…") as status:
+                pair = load_pair(
+                    config.target,
+                    config.drafter if plan.load_drafter else None,
+                    device=config.device,
+                    trust_remote_code=config.trust_remote_code,
+                    progress=lambda message: status.update(escape(message)),
+                )
+        except (ModelLoadError, IncompatibleTokenizersError) as error:
+            return fail(str(error), EXIT_FAILED)
+        except KeyboardInterrupt:
+            return fail("interrupted while loading the models", EXIT_INTERRUPTED)
+    try:
+        benchmark = Benchmark(pair, plan.options)
+    except BenchError as error:
+        return fail(str(error), EXIT_USAGE)
+    console.print(
+        f"[bold]bench[/] {len(plan.prompts)} prompts × {len(benchmark.methods)} methods, "
+        f"{plan.options.max_new_tokens} new tokens, {escape(plan.options.processor.describe())}, "
+        f"{torch.get_num_threads()} threads, on {pair.device}"
+    )
+    interrupted = False
+    with _progress_bar(console) as progress:
+        task = progress.add_task("warm-up", total=benchmark.total_runs(plan.prompts))
+
+        def on_progress(done: int, total: int, description: str) -> None:
+            progress.update(task, completed=done, total=total, description=escape(description))
+
+        try:
+            benchmark.run(plan.prompts, on_progress)
+        except KeyboardInterrupt:
+            interrupted = True
+    report = BenchReport.build(benchmark, config=plan.config_dict(args), interrupted=interrupted)
+    if markdown:
+        report_console.file.write(run_markdown(report.to_dict()))
+        report_console.file.flush()
+    else:
+        tables.render_report(report, report_console)
+    json_out = _arg(args, "json_out")
+    if json_out:
+        try:
+            console.print(f"wrote {escape(str(report.write_json(json_out)))}")
+        except OSError as error:
+            return fail(f"--json: cannot write {json_out}: {error}", EXIT_FAILED)
+    if chart_out and report.records:
+        try:
+            console.print(f"wrote {escape(str(tables.write_chart(report, chart_out)))}")
+        except OSError as error:
+            return fail(f"--chart: cannot write {chart_out}: {error}", EXIT_FAILED)
+    return EXIT_INTERRUPTED if interrupted else EXIT_OK

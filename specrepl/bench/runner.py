@@ -1,0 +1,519 @@
+"""The benchmark runner: every method timed on every prompt with one loaded pair.
+
+For each prompt, in one process on the same loaded models, after a warm-up,
+in an order that alternates from one prompt to the next, `Benchmark` runs
+specrepl target-only, specrepl speculative (the chosen drafter kind and gamma
+policy), optionally a fixed-gamma sweep, and with peers what a user would run
+instead: transformers `generate()` plain, with `assistant_model` (its default
+settings, and with the number of drafts matched to gamma) and with
+`prompt_lookup_num_tokens`. All methods get the same end tokens and token
+budget; each run is timed around the call with a clock that synchronizes the
+device. Greedy runs are compared token for token with the target-only output.
+
+It never prints: progress goes through a callback.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+import torch
+from transformers import GenerationConfig
+from transformers.utils import logging as hf_logging
+
+from ..devices import synchronize
+from ..draft_head import HeadLoadError, load_head, resolve_head
+from ..drafters import DRAFTER_KINDS, Drafter, DrafterOptions, build_drafter
+from ..gamma import FixedGamma, GammaPolicy, make_policy
+from ..generation import autoregressive_generate, speculative_generate
+from ..models import ModelPair
+from ..processors import LogitsProcessor
+from ..results import StepEvent
+from ..settings import Settings
+from ..widths import WidthPlan, tune_pair_widths
+from .figures import (
+    HF_ASSISTED,
+    HF_ASSISTED_MATCHED,
+    HF_GENERATE,
+    HF_LOOKUP,
+    SPECULATIVE,
+    TARGET,
+    Method,
+    MethodRun,
+    PromptRecord,
+    predict_from_steps,
+)
+from .prompts import BenchError, BenchPrompt
+
+__all__ = ["PEERS", "BenchOptions", "Benchmark", "GammaSpec", "ProgressCallback"]
+
+PEERS = ("hf", "hf-lookup", "none")
+WARMUP_MAX_NEW_TOKENS = 32
+
+# What a matched assistant is given (assistant_model.generation_config fields).
+_ASSISTANT_FIELDS = (
+    "num_assistant_tokens",
+    "num_assistant_tokens_schedule",
+    "assistant_confidence_threshold",
+)
+
+ProgressCallback = Callable[[int, int, str], None]
+"""Called before each timed run with (runs done, runs in all, what runs now)."""
+
+
+@dataclass(frozen=True)
+class GammaSpec:
+    """A gamma policy by name with its fixed value or maximum."""
+
+    policy: str
+    gamma: int
+
+    def build(self) -> GammaPolicy:
+        return make_policy(self.policy, self.gamma)
+
+    def describe(self) -> str:
+        return str(self.gamma) if self.policy == "fixed" else f"{self.policy}≤{self.gamma}"
+
+
+@dataclass(frozen=True)
+class BenchOptions:
+    """What to measure: budget, decoding rule, drafter, gamma, peers, sweep."""
+
+    max_new_tokens: int = 128
+    processor: LogitsProcessor = field(default_factory=lambda: Settings().logits_processor())
+    gamma: GammaSpec = GammaSpec("fixed", 4)
+    drafter_kind: str = "model"
+    drafter: DrafterOptions = field(default_factory=DrafterOptions)  # order, filler, window...
+    peers: tuple[str, ...] = ()
+    sweep: tuple[int, ...] = ()
+    seed: int = 0
+    warmup: int = 1
+    use_cache: bool = True
+    chat: bool = True
+    system_prompt: str | None = None
+    tune_widths: bool = True
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise BenchError(f"--max-new-tokens must be >= 1, got {self.max_new_tokens}")
+        if self.drafter_kind not in DRAFTER_KINDS:
+            raise BenchError(
+                f"--drafter-kind must be one of {', '.join(DRAFTER_KINDS)}, "
+                f"got {self.drafter_kind!r}"
+            )
+        unknown = [peer for peer in self.peers if peer not in PEERS]
+        if unknown:
+            raise BenchError(f"--peers must be one of {', '.join(PEERS)}, got {unknown[0]!r}")
+        if self.warmup < 0:
+            raise BenchError(f"--warmup must be >= 0, got {self.warmup}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.processor.is_greedy
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "max_new_tokens": self.max_new_tokens,
+            "processor": self.processor.describe(),
+            "processor_parameters": self.processor.parameters(),
+            "gamma": {"policy": self.gamma.policy, "value": self.gamma.gamma},
+            "drafter_kind": self.drafter_kind,
+            "drafter_options": {**asdict(self.drafter), "kind": self.drafter_kind},
+            "peers": list(self.peers),
+            "gamma_sweep": list(self.sweep),
+            "seed": self.seed,
+            "warmup_runs": self.warmup,
+            "use_cache": self.use_cache,
+            "chat_template": self.chat,
+            "system_prompt": self.system_prompt,
+            "tune_widths": self.tune_widths,
+        }
+
+
+@contextlib.contextmanager
+def _quiet_transformers() -> Iterator[None]:
+    """transformers' warnings (deprecations inside its own assisted generation)
+    would break the progress bar: raise its logger to errors for the runs."""
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(level)
+
+
+def _transformers_default(name: str) -> Any:
+    """transformers' built-in default of a generation option (None if unknown)."""
+    defaults = getattr(GenerationConfig(), "_get_default_generation_params", None)
+    return defaults().get(name) if callable(defaults) else None
+
+
+def _first_mismatch(tokens: Sequence[int], reference: Sequence[int]) -> int | None:
+    for index, (token, expected) in enumerate(zip(tokens, reference, strict=False)):
+        if token != expected:
+            return index
+    return None if len(tokens) == len(reference) else min(len(tokens), len(reference))
+
+
+def _ratio(top: float | None, bottom: float | None) -> float | None:
+    if top is None or not bottom:
+        return None
+    return top / bottom
+
+
+class Benchmark:
+    """Times every method on every prompt with one loaded pair.
+
+    `records` grows as prompts finish, so that an interrupted benchmark still
+    has everything measured until then.
+    """
+
+    def __init__(self, pair: ModelPair, options: BenchOptions) -> None:
+        self.pair = pair
+        self.options = options
+        self.drafter = self._make_drafter()
+        self.methods = self._make_methods()
+        self.records: list[PromptRecord] = []
+        self.skipped: list[tuple[BenchPrompt, str]] = []
+        self.width_plans: dict[str, WidthPlan] = {}
+
+    # -- set-up ------------------------------------------------------------
+
+    def _make_drafter(self) -> Drafter:
+        options = replace(self.options.drafter, kind=self.options.drafter_kind)
+        if options.needs_model and self.pair.drafter is None:
+            raise BenchError(
+                f"--drafter-kind {options.kind} needs a drafter model, and the config loads none: "
+                "add a [drafter] table or use --drafter-kind ngram or lookup"
+            )
+        model = self.pair.drafter.model if self.pair.drafter is not None else None
+        head = None
+        if options.needs_head:
+            if options.head is None:
+                raise BenchError(
+                    f"--drafter-kind {options.kind} needs a draft head: give --drafter-head PATH "
+                    "(or embedded), or a [drafter] head in the config"
+                )
+            try:
+                head, _ = load_head(resolve_head(options.head), self.pair.target.model)
+            except HeadLoadError as error:
+                raise BenchError(str(error)) from None
+        return build_drafter(
+            options,
+            model,
+            head=head,
+            use_cache=self.options.use_cache,
+            copy_of_target=self.pair.drafter_is_copy,
+        )
+
+    def _make_methods(self) -> list[Method]:
+        options = self.options
+        spec = options.gamma
+        kind = options.drafter_kind
+        methods = [
+            Method(TARGET, "specrepl target-only", "specrepl"),
+            Method(
+                SPECULATIVE,
+                f"specrepl speculative ({kind}, γ {spec.describe()})",
+                "specrepl",
+                speculative=True,
+                settings={"drafter_kind": kind, "gamma_policy": spec.policy, "gamma": spec.gamma},
+            ),
+        ]
+        methods += [
+            Method(
+                f"{SPECULATIVE}_g{gamma}",
+                f"specrepl speculative ({kind}, γ {gamma})",
+                "specrepl",
+                speculative=True,
+                sweep_gamma=gamma,
+                settings={"drafter_kind": kind, "gamma_policy": "fixed", "gamma": gamma},
+            )
+            for gamma in options.sweep
+        ]
+        if not {"hf", "hf-lookup"} & set(options.peers):
+            return methods
+        methods.append(Method(HF_GENERATE, "HF generate", "hf"))
+        if "hf" in options.peers and self.pair.drafter is not None:
+            defaults = {name: _transformers_default(name) for name in _ASSISTANT_FIELDS}
+            loaded = self.pair.drafter.model.generation_config
+            effective = {
+                name: getattr(loaded, name, None)
+                if getattr(loaded, name, None) is not None
+                else defaults[name]
+                for name in _ASSISTANT_FIELDS
+            }
+            threshold = effective["assistant_confidence_threshold"]
+            stop = f", stop below {threshold}" if threshold else ""
+            methods.append(
+                Method(
+                    HF_ASSISTED,
+                    f"HF assisted (default: {effective['num_assistant_tokens']} drafts{stop})",
+                    "hf",
+                    settings={"assistant_generation_config": effective},
+                )
+            )
+            methods.append(
+                Method(
+                    HF_ASSISTED_MATCHED,
+                    f"HF assisted (γ {spec.gamma})",
+                    "hf",
+                    settings={"assistant_generation_config": self._matched_assistant()},
+                )
+            )
+        methods.append(
+            Method(
+                HF_LOOKUP,
+                f"HF prompt lookup ({spec.gamma})",
+                "hf",
+                settings={
+                    "prompt_lookup_num_tokens": spec.gamma,
+                    "max_matching_ngram_size": _transformers_default("max_matching_ngram_size"),
+                },
+            )
+        )
+        return methods
+
+    def _matched_assistant(self) -> dict[str, Any]:
+        """The assistant settings that draft as our gamma policy does: a constant
+        number of drafts (the fixed gamma or the policy's maximum) and the
+        policy's confidence stop (0: none)."""
+        spec = self.options.gamma
+        return {
+            "num_assistant_tokens": spec.gamma,
+            "num_assistant_tokens_schedule": "constant",
+            "assistant_confidence_threshold": float(spec.build().min_confidence),
+        }
+
+    @property
+    def hf_options(self) -> dict[str, Any]:
+        """`generate()` options shared by every HF peer: our end tokens, our
+        decoding rule, no other processing."""
+        eos = list(self.pair.eos_token_ids)
+        pad = self.pair.tokenizer.pad_token_id
+        options: dict[str, Any] = {
+            "eos_token_id": eos,
+            "pad_token_id": pad if pad is not None else (eos[0] if eos else None),
+            "use_cache": self.options.use_cache,
+        }
+        processor = self.options.processor
+        if processor.is_greedy:
+            options["do_sample"] = False
+        else:
+            parameters = processor.parameters()
+            options.update(
+                do_sample=True,
+                temperature=float(parameters.get("temperature", 1.0)),
+                top_k=int(parameters.get("top_k", 0)),
+                top_p=float(parameters.get("top_p", 1.0)),
+            )
+        return options
+
+    def prompt_ids(self, text: str) -> list[int]:
+        """The prompt's token ids: the chat template when the tokenizer has one."""
+        tokenizer = self.pair.tokenizer
+        if self.options.chat and getattr(tokenizer, "chat_template", None):
+            system = self.options.system_prompt
+            messages = [{"role": "system", "content": system}] if system else []
+            messages.append({"role": "user", "content": text})
+            ids = tokenizer.apply_chat_template(
+                messages, add_generation_prompt=True, return_dict=False
+            )
+        else:
+            ids = tokenizer.encode(text)
+        return [int(token) for token in ids]
+
+    # -- timing one method ---------------------------------------------------
+
+    def _timed(self, call: Callable[[], Any]) -> tuple[Any, float]:
+        device = self.pair.device
+        synchronize(device)
+        start = time.perf_counter()
+        value = call()
+        synchronize(device)
+        return value, time.perf_counter() - start
+
+    def _specrepl(self, method: Method, ids: list[int], budget: int, seed: int) -> MethodRun:
+        events: list[StepEvent] = []
+        common: dict[str, Any] = {
+            "logits_processor": self.options.processor,
+            "max_gen_len": budget,
+            "eos_tokens_id": self.pair.eos_token_ids,
+            "use_cache": self.options.use_cache,
+            "generator": torch.Generator(device=self.pair.device).manual_seed(seed),
+            "vocab_size": self.pair.vocab_size,
+            "on_step": events.append,
+        }
+        target = self.pair.target.model
+        if not method.speculative:
+            result, seconds = self._timed(lambda: autoregressive_generate(ids, target, **common))
+        else:
+            policy: GammaPolicy = (
+                FixedGamma(method.sweep_gamma)
+                if method.sweep_gamma is not None
+                else self.options.gamma.build()
+            )
+            result, seconds = self._timed(
+                lambda: speculative_generate(ids, self.drafter, target, gamma=policy, **common)
+            )
+        return MethodRun.from_result(method.name, result, seconds, events)
+
+    @contextlib.contextmanager
+    def _assistant_config(self, **changes: Any) -> Iterator[Any]:
+        """The drafter model with `changes` to its generation config, restored
+        afterwards (transformers may adapt some of them in place)."""
+        if self.pair.drafter is None:
+            raise BenchError("an assisted peer needs a drafter model")
+        model = self.pair.drafter.model
+        config = model.generation_config
+        saved = {name: getattr(config, name, None) for name in _ASSISTANT_FIELDS}
+        for name, value in changes.items():
+            setattr(config, name, value)
+        try:
+            yield model
+        finally:
+            for name, value in saved.items():
+                setattr(config, name, value)
+
+    def _hf(self, method: Method, ids: list[int], budget: int, seed: int) -> MethodRun:
+        model = self.pair.target.model
+        input_ids = torch.tensor([ids], dtype=torch.long, device=self.pair.device)
+        attention_mask = torch.ones_like(input_ids)
+        options = {**self.hf_options, "max_new_tokens": budget}
+        changes: dict[str, Any] = {}
+        if method.name == HF_LOOKUP:
+            options["prompt_lookup_num_tokens"] = self.options.gamma.gamma
+        elif method.name == HF_ASSISTED_MATCHED:
+            changes = self._matched_assistant()
+        assisted = method.name in (HF_ASSISTED, HF_ASSISTED_MATCHED)
+        with self._assistant_config(**changes) if assisted else contextlib.nullcontext() as helper:
+            if helper is not None:
+                options["assistant_model"] = helper
+            torch.manual_seed(seed)
+            output, seconds = self._timed(
+                lambda: model.generate(input_ids, attention_mask=attention_mask, **options)
+            )
+        tokens = [int(token) for token in output[0, len(ids) :].tolist()]
+        ended = bool(tokens) and tokens[-1] in self.pair.eos_token_ids
+        return MethodRun(
+            method=method.name,
+            token_ids=tokens,
+            seconds=seconds,
+            stop_reason="eos" if ended else "length",
+        )
+
+    def run_method(self, method: Method, ids: list[int], budget: int, seed: int) -> MethodRun:
+        """Time one method on one prompt's ids with a budget of new tokens."""
+        if method.family == "specrepl":
+            return self._specrepl(method, ids, budget, seed)
+        return self._hf(method, ids, budget, seed)
+
+    # -- the whole benchmark --------------------------------------------------
+
+    def budget(self, prompt_tokens: int) -> int:
+        """New tokens every method may make: the limit, or what the context leaves."""
+        return min(self.options.max_new_tokens, self.pair.context_length - prompt_tokens)
+
+    def max_gamma(self) -> int:
+        return max((self.options.gamma.gamma, *self.options.sweep))
+
+    def total_runs(self, prompts: Sequence[BenchPrompt]) -> int:
+        warmups = self.options.warmup * len(self.methods) if prompts else 0
+        return warmups + len(prompts) * len(self.methods)
+
+    def warm_up(
+        self, prompt: BenchPrompt, on_progress: ProgressCallback | None = None, *, total: int = 0
+    ) -> int:
+        """Run every method `options.warmup` times on `prompt` (short, not recorded)."""
+        ids = self.prompt_ids(prompt.text)
+        budget = min(self.budget(len(ids)), WARMUP_MAX_NEW_TOKENS)
+        done = 0
+        if budget < 1:
+            return done
+        for _ in range(self.options.warmup):
+            for method in self.methods:
+                if on_progress is not None:
+                    on_progress(done, total, f"warm-up · {method.label}")
+                self.run_method(method, ids, budget, self.options.seed)
+                done += 1
+        return done
+
+    def measure(
+        self,
+        prompt: BenchPrompt,
+        index: int,
+        on_progress: ProgressCallback | None = None,
+        *,
+        done: int = 0,
+        total: int = 0,
+    ) -> PromptRecord | None:
+        """Run every method on one prompt (order reversed on odd `index`);
+        None when the prompt leaves no room for a new token."""
+        ids = self.prompt_ids(prompt.text)
+        budget = self.budget(len(ids))
+        if budget < 1:
+            self.skipped.append(
+                (
+                    prompt,
+                    f"{len(ids)} prompt tokens fill the {self.pair.context_length}-token context",
+                )
+            )
+            return None
+        order = self.methods if index % 2 == 0 else self.methods[::-1]
+        seed = self.options.seed + index
+        runs: dict[str, MethodRun] = {}
+        for step, method in enumerate(order):
+            if on_progress is not None:
+                on_progress(done + step, total, f"{prompt.key} · {method.label}")
+            runs[method.name] = self.run_method(method, ids, budget, seed)
+        self._compare(runs)
+        record = PromptRecord(
+            prompt=prompt,
+            prompt_tokens=len(ids),
+            max_new_tokens=budget,
+            order=[method.name for method in order],
+            runs={method.name: runs[method.name] for method in self.methods},
+            text=self.pair.tokenizer.decode(runs[TARGET].token_ids, skip_special_tokens=True),
+        )
+        self.records.append(record)
+        return record
+
+    def _compare(self, runs: dict[str, MethodRun]) -> None:
+        """Identity with target-only (greedy), per-prompt speedups, predictions."""
+        target = runs[TARGET]
+        hf = runs.get(HF_GENERATE)
+        for name, run in runs.items():
+            if self.options.greedy and name != TARGET:
+                run.first_mismatch = _first_mismatch(run.token_ids, target.token_ids)
+                run.identical = run.first_mismatch is None
+            run.speedup_vs_target = _ratio(run.tokens_per_second, target.tokens_per_second)
+            if hf is not None:
+                run.speedup_vs_hf = _ratio(run.tokens_per_second, hf.tokens_per_second)
+            if run.drafted is not None:
+                run.prediction = predict_from_steps(run.events, target.events)
+                run.draft_cost_vs_target = _ratio(run.seconds_per_draft, target.target_step_seconds)
+
+    def run(
+        self, prompts: Sequence[BenchPrompt], on_progress: ProgressCallback | None = None
+    ) -> list[PromptRecord]:
+        """Warm up on the first prompt, then measure every prompt in turn."""
+        total = self.total_runs(prompts)
+        if not prompts:
+            return self.records
+        with _quiet_transformers(), torch.no_grad():
+            if self.options.tune_widths:
+                if on_progress is not None:
+                    on_progress(0, total, "timing forward widths")
+                self.width_plans = tune_pair_widths(self.pair, self.max_gamma())
+            self.warm_up(prompts[0], on_progress, total=total)
+            done = self.options.warmup * len(self.methods)
+            for index, prompt in enumerate(prompts):
+                self.measure(prompt, index, on_progress, done=done, total=total)
+                done += len(self.methods)
+        if on_progress is not None:
+            on_progress(total, total, "done")
+        return self.records
