@@ -39,7 +39,10 @@ __all__ = [
     "chat_prompt_ids",
     "clean_prompt",
     "control_tokens",
+    "conversation",
+    "has_chat_template",
     "printable",
+    "prompt_ids",
     "text_prompt_ids",
 ]
 
@@ -153,6 +156,37 @@ def text_prompt_ids(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
     """
     _check_plain(tokenizer, text, "the prompt")
     return [int(token) for token in tokenizer.encode(text, split_special_tokens=True)]
+
+
+def has_chat_template(tokenizer: PreTrainedTokenizerBase) -> bool:
+    return bool(getattr(tokenizer, "chat_template", None))
+
+
+def prompt_ids(
+    tokenizer: PreTrainedTokenizerBase,
+    prompt: str,
+    *,
+    chat: bool,
+    system_prompt: str | None = None,
+    history: Sequence[Mapping[str, str]] = (),
+) -> list[int]:
+    """The ids a generator continues for `prompt`: with `chat` and a tokenizer
+    that has a chat template, the template over the system prompt (if any),
+    `history` and the prompt as the user's message; otherwise the prompt as
+    plain text. The REPL, `--prompt`, `bench` and `soak` all encode through
+    here. Raises PromptEncodingError as the two functions above do."""
+    if chat and has_chat_template(tokenizer):
+        return chat_prompt_ids(tokenizer, conversation(prompt, system_prompt, history))
+    return text_prompt_ids(tokenizer, prompt)
+
+
+def conversation(
+    prompt: str, system_prompt: str | None = None, history: Sequence[Mapping[str, str]] = ()
+) -> list[dict[str, str]]:
+    """The messages the chat template is applied to: the system prompt (if
+    any), `history`, then `prompt` as the user's message."""
+    head = [{"role": "system", "content": system_prompt}] if system_prompt else []
+    return [*head, *(dict(message) for message in history), {"role": "user", "content": prompt}]
 
 
 def _check_plain(tokenizer: PreTrainedTokenizerBase, text: str, where: str) -> None:

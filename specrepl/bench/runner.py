@@ -32,6 +32,7 @@ from ..gamma import FixedGamma, GammaPolicy, make_policy
 from ..generation import autoregressive_generate, speculative_generate
 from ..models import ModelPair
 from ..processors import LogitsProcessor
+from ..prompting import prompt_ids
 from ..results import StepEvent
 from ..settings import Settings
 from ..widths import WidthPlan, tune_pair_widths
@@ -314,18 +315,14 @@ class Benchmark:
         return options
 
     def prompt_ids(self, text: str) -> list[int]:
-        """The prompt's token ids: the chat template when the tokenizer has one."""
-        tokenizer = self.pair.tokenizer
-        if self.options.chat and getattr(tokenizer, "chat_template", None):
-            system = self.options.system_prompt
-            messages = [{"role": "system", "content": system}] if system else []
-            messages.append({"role": "user", "content": text})
-            ids = tokenizer.apply_chat_template(
-                messages, add_generation_prompt=True, return_dict=False
-            )
-        else:
-            ids = tokenizer.encode(text)
-        return [int(token) for token in ids]
+        """The prompt's token ids, encoded as the REPL encodes them
+        (`prompting.prompt_ids`: the chat template when the tokenizer has one)."""
+        return prompt_ids(
+            self.pair.tokenizer,
+            text,
+            chat=self.options.chat,
+            system_prompt=self.options.system_prompt,
+        )
 
     # -- timing one method ---------------------------------------------------
 
