@@ -181,6 +181,19 @@ class ModelPair:
     takes the target's keys and values instead of reading prompts
     (`drafters.is_copy_of`)."""
 
+    def generation_options(self, *, use_cache: bool, seed: int | None = None) -> dict[str, Any]:
+        """The keyword arguments every generator call on this pair shares: its
+        end tokens, the vocabulary width, the cache switch and, given a `seed`,
+        a sampling generator seeded on the pair's device."""
+        options: dict[str, Any] = {
+            "eos_tokens_id": self.eos_token_ids,
+            "use_cache": use_cache,
+            "vocab_size": self.vocab_size,
+        }
+        if seed is not None:
+            options["generator"] = torch.Generator(device=self.device).manual_seed(seed)
+        return options
+
     @classmethod
     def from_models(
         cls,

@@ -336,13 +336,10 @@ class Benchmark:
 
     def _specrepl(self, method: Method, ids: list[int], budget: int, seed: int) -> MethodRun:
         events: list[StepEvent] = []
-        common: dict[str, Any] = {
+        common = {
+            **self.pair.generation_options(use_cache=self.options.use_cache, seed=seed),
             "logits_processor": self.options.processor,
             "max_gen_len": budget,
-            "eos_tokens_id": self.pair.eos_token_ids,
-            "use_cache": self.options.use_cache,
-            "generator": torch.Generator(device=self.pair.device).manual_seed(seed),
-            "vocab_size": self.pair.vocab_size,
             "on_step": events.append,
         }
         target = self.pair.target.model
