@@ -2,7 +2,8 @@
 
 A command is declared with `@REGISTRY.command(...)`: its name, aliases, typed
 arguments (the bounds of an argument that sets a setting come from
-`Settings`), one line of help and its handler. Parsing, argument errors,
+`Settings`, and `/drafter_kind` names its arguments as the settings declare
+them), one line of help and its handler. Parsing, argument errors,
 `/help` and completion are all generated from these declarations; there is no
 dispatch on command names anywhere else.
 
@@ -23,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Union
 
 from .gamma import POLICIES
 from .processor_specs import PROCESSOR_NAMES, PROCESSOR_PARAMETERS
-from .settings import DRAFTER_KINDS, SettingError, Settings, shown
+from .settings import DRAFTER_KINDS, DRAFTER_SETTINGS, SETTING_NAMES, SettingError, Settings, shown
 
 if TYPE_CHECKING:
     from .answers import Change
@@ -551,65 +552,45 @@ _toggle_command("debug", "debug", "show every speculative step and the acceptanc
 _toggle_command("chat", "chat", "chat template with history (off: raw text continuation)")
 
 
+def _drafter_option(setting: str) -> str:
+    """The short name of a drafter option (`filler` for ngram_filler): its argument's name."""
+    name = SETTING_NAMES[setting].drafter
+    if name is None:
+        raise ValueError(f"{setting} is no drafter option")
+    return name
+
+
+_KIND = _drafter_option("drafter_kind")
+
+
+def _drafter_argument(setting: str, help: str, *kinds: str) -> Argument:
+    """An argument of /drafter_kind that sets `setting` for the drafter `kinds`."""
+    kind = Settings.bound(setting).kind
+    return Argument(_drafter_option(setting), kind, help, setting, when=(_KIND, kinds))
+
+
 @REGISTRY.command(
     "drafter_kind",
     aliases=("kind",),
     help="what drafts: model, ngram, lookup, head (a trained draft head), or hybrid"
     " (lookup, else the head or model)",
     arguments=(
-        Argument("kind", str, "the drafter kind", setting="drafter_kind", choices=DRAFTER_KINDS),
-        Argument("order", int, "longest n-gram", "ngram_order", when=("kind", ("ngram",))),
-        Argument(
-            "keep", bool, "keep counts between prompts", "ngram_keep", when=("kind", ("ngram",))
+        Argument(_KIND, str, "the drafter kind", setting="drafter_kind", choices=DRAFTER_KINDS),
+        _drafter_argument("ngram_order", "longest n-gram", "ngram"),
+        _drafter_argument("ngram_keep", "keep counts between prompts", "ngram"),
+        _drafter_argument("ngram_filler", "also count the target's top k tokens", "ngram"),
+        _drafter_argument("lookup_max_ngram", "longest suffix searched", "lookup", "hybrid"),
+        _drafter_argument(
+            "drafter_window", "prompt tokens the model drafter reads (0: all)", "model", "hybrid"
         ),
-        Argument(
-            "filler",
-            int,
-            "also count the target's top k tokens",
-            "ngram_filler",
-            when=("kind", ("ngram",)),
-        ),
-        Argument(
-            "max_ngram",
-            int,
-            "longest suffix searched",
-            "lookup_max_ngram",
-            when=("kind", ("lookup", "hybrid")),
-        ),
-        Argument(
-            "window",
-            int,
-            "prompt tokens the model drafter reads (0: all)",
-            "drafter_window",
-            when=("kind", ("model", "hybrid")),
-        ),
-        Argument(
-            "head",
-            str,
-            "a draft head directory, or embedded",
-            "drafter_head",
-            when=("kind", ("head", "hybrid")),
-        ),
+        _drafter_argument("drafter_head", "a draft head directory, or embedded", "head", "hybrid"),
     ),
-    current=lambda session: {"kind": session.settings.drafter_kind},
+    current=lambda session: {_KIND: session.settings.drafter_kind},
 )
 def _drafter_kind(session: ChatSession, values: Mapping[str, Any]) -> CommandResult:
     if not values:
-        return ShowSettings(session.settings, tuple(_DRAFTER_ARGUMENT_SETTINGS.values()))
-    return _set(
-        session, **{_DRAFTER_ARGUMENT_SETTINGS[key]: value for key, value in values.items()}
-    )
-
-
-_DRAFTER_ARGUMENT_SETTINGS = {
-    "kind": "drafter_kind",
-    "order": "ngram_order",
-    "keep": "ngram_keep",
-    "filler": "ngram_filler",
-    "max_ngram": "lookup_max_ngram",
-    "window": "drafter_window",
-    "head": "drafter_head",
-}
+        return ShowSettings(session.settings, tuple(DRAFTER_SETTINGS.values()))
+    return _set(session, **{DRAFTER_SETTINGS[name]: value for name, value in values.items()})
 
 
 @REGISTRY.command(

@@ -4,7 +4,10 @@ A config is a TOML file, read as data with `tomllib` and never executed. Every
 key is checked: a missing file, a syntax error, an unknown key, a value of the
 wrong type or out of range each raise one `ConfigError` that names the file,
 the key and what was expected. The `[generation]` table holds the fields of
-`specrepl.settings.Settings` and is validated by `Settings` itself.
+`specrepl.settings.Settings` and is validated by `Settings` itself; the
+`[drafter]` table holds the model drafter and the drafter's options under their
+short names (`order`, `filler`, ...: those `/drafter_kind` takes), with the
+older spellings each setting declares (`top_k_filler`) still read.
 
 This module knows nothing about torch, transformers or the terminal: model
 sources and dtypes stay strings here and `models.py` resolves them.
@@ -21,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from .drafter_options import DrafterOptions
-from .settings import DRAFTER_KINDS, SettingError, Settings, shown
+from .settings import DRAFTER_KINDS, DRAFTER_SETTINGS, SETTING_NAMES, SettingError, Settings, shown
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -45,16 +48,9 @@ DEVICE_PATTERN = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
 
 _TOP_KEYS = ("device", "trust_remote_code", "target", "drafter", "generation")
 _MODEL_KEYS = ("source", "dtype", "quantize")
-# keys of [drafter] that are session settings, by the setting they set
-_DRAFTER_SETTINGS = {
-    "order": "ngram_order",
-    "keep_between_prompts": "ngram_keep",
-    "max_ngram": "lookup_max_ngram",
-    "top_k_filler": "ngram_filler",
-    "window": "drafter_window",
-    "head": "drafter_head",
-}
-_DRAFTER_KEYS = ("kind", *_MODEL_KEYS, *_DRAFTER_SETTINGS)
+# [drafter] names the drafter's options as /drafter_kind does (DRAFTER_SETTINGS)
+_DRAFTER_KEYS = tuple(dict.fromkeys(("kind", *_MODEL_KEYS, *DRAFTER_SETTINGS)))
+_OLD_DRAFTER_KEYS = tuple(key for names in SETTING_NAMES.values() for key in names.old_drafter_keys)
 
 
 class ConfigError(ValueError):
@@ -140,10 +136,18 @@ class _Reader:
         got = f", got {shown(value)}" if show_value else ""
         return ConfigError(f"{self.path}: {key}: expected {expected}{got}")
 
-    def check_keys(self, table: Mapping[str, Any], known: Iterable[str], prefix: str) -> None:
+    def check_keys(
+        self,
+        table: Mapping[str, Any],
+        known: Iterable[str],
+        prefix: str,
+        also_accepted: Iterable[str] = (),
+    ) -> None:
+        """Refuse a key that is neither `known` nor `also_accepted` (an old spelling,
+        read but not suggested), naming the closest known one."""
         known = tuple(known)
         for key in table:
-            if key in known:
+            if key in known or key in also_accepted:
                 continue
             name = key if key.isprintable() and len(key) <= 40 else shown(key)
             where = f"{prefix}.{name}" if prefix else name
@@ -188,7 +192,7 @@ class _Reader:
         drafter = None
         drafter_settings: dict[str, Any] = {}
         if drafter_table is not None:
-            self.check_keys(drafter_table, _DRAFTER_KEYS, "drafter")
+            self.check_keys(drafter_table, _DRAFTER_KEYS, "drafter", _OLD_DRAFTER_KEYS)
             kind = self.string(drafter_table, "kind", "drafter.kind", "model")
             if kind not in DRAFTER_KINDS:
                 raise self.error(
@@ -207,8 +211,9 @@ class _Reader:
                             drafter_table[key],
                         )
             drafter_settings["drafter_kind"] = ("drafter.kind", kind)
-            for key, setting in _DRAFTER_SETTINGS.items():
-                if key in drafter_table:
+            for setting in DRAFTER_SETTINGS.values():
+                key = self.spelling(drafter_table, setting)
+                if key is not None:
                     drafter_settings[setting] = (f"drafter.{key}", drafter_table[key])
         settings = self.settings(self.table(data, "generation") or {})
         for setting, (where, value) in drafter_settings.items():
@@ -224,6 +229,19 @@ class _Reader:
             settings=settings,
             path=self.path,
         )
+
+    def spelling(self, drafter_table: Mapping[str, Any], setting: str) -> str | None:
+        """The key that gives the drafter option `setting` in `drafter_table`: its
+        short name or an older spelling; None when neither is there."""
+        names = SETTING_NAMES[setting]
+        keys = [key for key in (names.drafter, *names.old_drafter_keys) if key in drafter_table]
+        if len(keys) > 1:
+            raise self.error(
+                f"drafter.{keys[1]}",
+                f"one of {' and '.join(keys)}, not both (two spellings of one setting)",
+                show_value=False,
+            )
+        return keys[0] if keys else None
 
     def model_spec(self, table: Mapping[str, Any], section: str) -> ModelSpec:
         if "source" not in table:

@@ -2,7 +2,9 @@
 
 Plain data without torch, so that settings, config files and the REPL's first
 screen can name and check drafters before any model library is imported;
-`drafters.build_drafter` turns these options into a drafter.
+`drafters.build_drafter` turns these options into a drafter. The fields are
+named as `/drafter_kind` and a config file's `[drafter]` table name them
+(`settings.DRAFTER_SETTINGS`), so `Settings.drafter_options` needs no table.
 """
 
 from __future__ import annotations
@@ -19,11 +21,16 @@ class DrafterOptions:
     """Everything that says which drafter to build (see `drafters.build_drafter`)."""
 
     kind: str = "model"
-    ngram_order: int = 4
-    ngram_keep: bool = False
-    top_k_filler: int = 1
-    lookup_max_ngram: int = 3
-    window: int | None = None
+    order: int = 4
+    """The longest n-gram the n-gram drafter counts."""
+    keep: bool = False
+    """The n-gram drafter keeps its counts from one prompt to the next."""
+    filler: int = 1
+    """The n-gram drafter also counts the target's top `filler` tokens (1: off)."""
+    max_ngram: int = 3
+    """The longest suffix prompt lookup searches for."""
+    window: int = 0
+    """The model drafter reads the prompt's last `window` tokens (0: all)."""
     min_match: int = 2
     head: str | None = None
     """A draft head directory (or "embedded"): the `head` kind drafts with it,

@@ -649,12 +649,10 @@ def build_drafter(
     a missing model or head."""
     if options.kind == "ngram":
         return NgramDrafter(
-            options.ngram_order,
-            keep_between_prompts=options.ngram_keep,
-            top_k_filler=options.top_k_filler,
+            options.order, keep_between_prompts=options.keep, top_k_filler=options.filler
         )
     if options.kind == "lookup":
-        return LookupDrafter(options.lookup_max_ngram)
+        return LookupDrafter(options.max_ngram)
     if options.kind not in DRAFTER_KINDS:
         raise ValueError(
             f"unknown drafter kind {options.kind!r}; choose one of: {', '.join(DRAFTER_KINDS)}"
@@ -672,7 +670,7 @@ def build_drafter(
         inner = ModelDrafter(
             model,
             use_cache=use_cache,
-            window=options.window,
+            window=options.window or None,
             keep_between_prompts=keep_between_prompts,
             copy_of_target=copy_of_target,
         )
@@ -681,7 +679,7 @@ def build_drafter(
         # lookup step, so lookup must promise as many tokens to be chosen (cost_ratio 1)
         return HybridDrafter(
             inner,
-            LookupDrafter(options.lookup_max_ngram),
+            LookupDrafter(options.max_ngram),
             min_match=options.min_match,
             cost_ratio=1.0 if options.needs_head else 0.5,
         )

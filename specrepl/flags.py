@@ -4,7 +4,8 @@ application's config.
 `python infer.py`, `--prompt`, `bench`, `soak` and `replay` take the same
 model flags (`--config`, `--target`, `--drafter`, `--device`, dtypes,
 quantization) and one flag per session setting (`--gamma`, `--drafter-kind`,
-`--processor`, ...), before or after the subcommand's name: a subcommand
+`--processor`, ...; each named by the setting's declaration, see
+`settings.SettingNames`), before or after the subcommand's name: a subcommand
 declares them again with "not given" as the default, so a value given before
 it survives and one given after it wins, and `app_config` reads them all the
 same way. `--gamma` takes what `/gamma` takes: `N` (fixed), or a policy with
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from .commands import parse_integer, parse_number
@@ -30,7 +31,7 @@ from .config import (
     load_config,
 )
 from .gamma import POLICIES
-from .settings import SettingError, Settings, shown
+from .settings import SETTING_NAMES, SettingError, SettingNames, Settings, shown
 
 __all__ = [
     "NO_DRAFTER",
@@ -44,41 +45,9 @@ __all__ = [
 NO_DRAFTER = "none"
 
 
-@dataclass(frozen=True)
-class SettingFlag:
-    """A flag that sets one field of `Settings`."""
-
-    flag: str
-    setting: str
-    value: Any = None
-    """For a switch, the value it sets; None for a flag that takes a value."""
-
-
-SETTING_FLAGS = (
-    SettingFlag("--gamma", "gamma"),
-    SettingFlag("--gamma-policy", "gamma_policy"),
-    SettingFlag("--confidence", "confidence"),
-    SettingFlag("--drafter-kind", "drafter_kind"),
-    SettingFlag("--ngram-order", "ngram_order"),
-    SettingFlag("--ngram-keep", "ngram_keep", True),
-    SettingFlag("--ngram-filler", "ngram_filler"),
-    SettingFlag("--lookup-max-ngram", "lookup_max_ngram"),
-    SettingFlag("--drafter-window", "drafter_window"),
-    SettingFlag("--drafter-head", "drafter_head"),
-    SettingFlag("--processor", "processor"),
-    SettingFlag("--temperature", "temperature"),
-    SettingFlag("--top-k", "top_k"),
-    SettingFlag("--top-p", "top_p"),
-    SettingFlag("--max-new-tokens", "max_new_tokens"),
-    SettingFlag("--seed", "seed"),
-    SettingFlag("--system-prompt", "system_prompt"),
-    SettingFlag("--no-cache", "use_cache", False),
-    SettingFlag("--no-chat", "chat", False),
-    SettingFlag("--no-speculative", "speculative", False),
-    SettingFlag("--no-target-gen", "target_gen", False),
-    SettingFlag("--drafter-gen", "drafter_gen", True),
-    SettingFlag("--debug", "debug", True),
-)
+SETTING_FLAGS: tuple[SettingNames, ...] = tuple(SETTING_NAMES.values())
+"""One flag per setting (`flag`; a switch sets `switch`), in the order Settings
+declares them, which is the order `app_config` applies them in."""
 
 
 def gamma_choice(text: str) -> tuple[str, int | None]:
@@ -187,14 +156,14 @@ def add_setting_options(parser: argparse.ArgumentParser, *, after_subcommand: bo
     for flag in SETTING_FLAGS:
         bound = Settings.bound(flag.setting)
         help = Settings.help(flag.setting)
-        if flag.value is not None:
+        if flag.switch is not None:
             group.add_argument(
                 flag.flag,
                 dest=flag.setting,
                 action="store_const",
-                const=flag.value,
+                const=flag.switch,
                 default=unset,
-                help=f"{help}: {'on' if flag.value else 'off'}",
+                help=f"{help}: {'on' if flag.switch else 'off'}",
             )
             continue
         if flag.setting == "gamma":
@@ -232,7 +201,7 @@ def _model_spec(
     return replace(spec, **changes) if changes else spec
 
 
-def _setting_changes(flag: SettingFlag, value: Any) -> dict[str, Any]:
+def _setting_changes(flag: SettingNames, value: Any) -> dict[str, Any]:
     """What one flag's value changes in the settings."""
     if flag.setting == "gamma":
         policy, gamma = value

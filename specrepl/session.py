@@ -53,7 +53,13 @@ from .generation import (
 from .gguf_cache import cache_root
 from .processors import UnusableLogitsError
 from .prompt_cache import PromptCache
-from .prompting import PromptEncodingError, chat_prompt_ids, clean_prompt, text_prompt_ids
+from .prompting import (
+    PromptEncodingError,
+    clean_prompt,
+    conversation,
+    has_chat_template,
+    prompt_ids,
+)
 from .results import StepEvent
 from .settings import SettingError, Settings
 from .widths import WidthPlan, tune_pair_widths, width_plan
@@ -128,7 +134,7 @@ class ChatSession:
 
     @property
     def has_chat_template(self) -> bool:
-        return bool(getattr(self.tokenizer, "chat_template", None))
+        return has_chat_template(self.tokenizer)
 
     def update(self, **changes: Any) -> list[Change]:
         """Apply validated setting changes; on error raise SettingError and change nothing."""
@@ -173,17 +179,20 @@ class ChatSession:
     def messages(self, prompt: str, history: list[Message] | None = None) -> list[Message]:
         """The conversation the chat template is applied to, ending with `prompt`
         (`history`: instead of the session's)."""
-        system = self.settings.system_prompt
-        head: list[Message] = [{"role": "system", "content": system}] if system else []
         earlier = self.history if history is None else history
-        return [*head, *earlier, {"role": "user", "content": prompt}]
+        return conversation(prompt, self.settings.system_prompt, earlier)
 
     def prompt_ids(self, prompt: str, history: list[Message] | None = None) -> list[int]:
-        """The token ids the generators continue; every message's text is encoded as plain
-        text (see `prompting.py`). Raises PromptEncodingError when that is impossible."""
-        if self.prompt_mode() == "chat":
-            return chat_prompt_ids(self.tokenizer, self.messages(prompt, history))
-        return text_prompt_ids(self.tokenizer, prompt)
+        """The token ids the generators continue (`history`: instead of the
+        session's); every message's text is encoded as plain text (see
+        `prompting.py`). Raises PromptEncodingError when that is impossible."""
+        return prompt_ids(
+            self.tokenizer,
+            prompt,
+            chat=self.settings.chat,
+            system_prompt=self.settings.system_prompt,
+            history=self.history if history is None else history,
+        )
 
     # -- answering ---------------------------------------------------------
 
@@ -199,11 +208,7 @@ class ChatSession:
         if self.pair.device.type == "cpu":
             self.tune_widths(retime=retime_widths)
         ids = self.prompt_ids(prompt)
-        common: dict[str, Any] = {
-            "eos_tokens_id": self.pair.eos_token_ids,
-            "use_cache": settings.use_cache,
-            "vocab_size": self.pair.vocab_size,
-        }
+        common = self.pair.generation_options(use_cache=settings.use_cache)
         autoregressive_generate(ids, self.pair.target.model, max_gen_len=2, **common)
         if self.pair.drafter is not None:
             autoregressive_generate(ids, self.pair.drafter.model, max_gen_len=2, **common)
@@ -367,13 +372,10 @@ class ChatSession:
             emit(RunStep(generator, step, stream.push(step.appended), pieces))
 
         emit(RunStarted(generator, len(ids), settings))
-        common: dict[str, Any] = {
+        common = {
+            **self.pair.generation_options(use_cache=settings.use_cache, seed=settings.seed),
             "logits_processor": settings.logits_processor(),
             "max_gen_len": settings.max_new_tokens,
-            "eos_tokens_id": self.pair.eos_token_ids,
-            "use_cache": settings.use_cache,
-            "generator": torch.Generator(device=self.pair.device).manual_seed(settings.seed),
-            "vocab_size": self.pair.vocab_size,
             "on_step": on_step,
             "prompt_cache": self._caches[generator] if settings.use_cache else None,
         }
@@ -404,15 +406,10 @@ class ChatSession:
             if (
                 kept is None
                 or not settings.ngram_keep
-                or (
-                    (kept.max_order, kept.top_k_filler)
-                    != (options.ngram_order, options.top_k_filler)
-                )
+                or (kept.max_order, kept.top_k_filler) != (options.order, options.filler)
             ):
                 kept = NgramDrafter(
-                    options.ngram_order,
-                    keep_between_prompts=options.ngram_keep,
-                    top_k_filler=options.top_k_filler,
+                    options.order, keep_between_prompts=options.keep, top_k_filler=options.filler
                 )
                 self._ngram = kept
             return kept

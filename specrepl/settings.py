@@ -3,15 +3,24 @@
 Config files, command-line flags and REPL commands all change settings through
 `Settings.updated(...)`, which validates every value and either returns a new
 `Settings` or raises `SettingError` naming the valid range; the old value is
-never touched. This module knows nothing about models or the terminal, and
-imports no model library (not even torch): the REPL's prompt and toolbar are
-drawn from it while the models load.
+never touched.
+
+Each field declares, once, everything the other surfaces need: its bounds, its
+help and its names (`SettingNames`: the flag, and for a drafter option the short
+name that `/drafter_kind`, the config's `[drafter]` table and `DrafterOptions`
+share). `SETTING_NAMES` and `DRAFTER_SETTINGS` are generated from those
+declarations; flags.py, config.py and commands.py read them instead of keeping
+tables of their own.
+
+This module knows nothing about models or the terminal, and imports no model
+library (not even torch): the REPL's prompt and toolbar are drawn from it while
+the models load.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import Field, asdict, dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any
 
 from .drafter_options import DRAFTER_KINDS, DrafterOptions
@@ -115,8 +124,44 @@ class Bound:
         return value
 
 
-def _setting(default: Any, bound: Bound, help: str) -> Any:
-    return field(default=default, metadata={"bound": bound, "help": help})
+@dataclass(frozen=True)
+class SettingNames:
+    """Every name one setting goes by outside the code, from its declaration.
+
+    `setting` is the field's name, which is also its key in a config file's
+    `[generation]` table and, with dashes, its flag (`ngram_filler`:
+    `--ngram-filler`). An on/off setting's flag is a switch that sets `switch`,
+    the opposite of the default (`--debug`; `--no-chat` for one that is on);
+    `switch` is None for a flag that takes a value.
+
+    A drafter option also has a short `drafter` name, the end of its setting's
+    name (`filler`): its argument of `/drafter_kind`, its key in a config
+    file's `[drafter]` table and its field of `DrafterOptions`.
+    `old_drafter_keys` are earlier spellings of that key which config files may
+    still use (`top_k_filler`).
+    """
+
+    setting: str
+    flag: str
+    switch: bool | None = None
+    drafter: str | None = None
+    old_drafter_keys: tuple[str, ...] = ()
+
+
+def _setting(
+    default: Any,
+    bound: Bound,
+    help: str,
+    *,
+    flag: str | None = None,
+    drafter: str | None = None,
+    old_drafter_keys: tuple[str, ...] = (),
+) -> Any:
+    """A field of Settings: its default, bounds and help, and those of its names
+    (see SettingNames) that do not follow from the field's name: `flag` where it
+    is not the name with dashes, and `drafter` for a drafter option."""
+    names = {"flag": flag, "drafter": drafter, "old_drafter_keys": old_drafter_keys}
+    return field(default=default, metadata={"bound": bound, "help": help, "names": names})
 
 
 @dataclass(frozen=True)
@@ -137,30 +182,45 @@ class Settings:
         Bound(str, choices=DRAFTER_KINDS),
         "what drafts: a model, n-grams, prompt lookup, a trained draft head, or hybrid"
         " (lookup, else the head or model)",
+        drafter="kind",
     )
     ngram_order: int = _setting(
-        3, Bound(int, 2, NGRAM_ORDER_MAX), "longest n-gram the n-gram drafter counts"
+        3,
+        Bound(int, 2, NGRAM_ORDER_MAX),
+        "longest n-gram the n-gram drafter counts",
+        drafter="order",
     )
     ngram_keep: bool = _setting(
-        False, Bound(bool), "keep the n-gram counts from one prompt to the next"
+        False,
+        Bound(bool),
+        "keep the n-gram counts from one prompt to the next",
+        drafter="keep",
+        old_drafter_keys=("keep_between_prompts",),
     )
     ngram_filler: int = _setting(
         1,
         Bound(int, 1, FILLER_MAX),
         "n-gram drafter also counts the target's top k (1: off)",
+        drafter="filler",
+        old_drafter_keys=("top_k_filler",),
     )
     lookup_max_ngram: int = _setting(
-        3, Bound(int, 1, NGRAM_ORDER_MAX), "longest suffix prompt lookup searches for"
-    )
-    drafter_head: str | None = _setting(
-        None,
-        Bound(str, optional=True),
-        "draft head for the head and hybrid drafters: a directory, or embedded (none: no head)",
+        3,
+        Bound(int, 1, NGRAM_ORDER_MAX),
+        "longest suffix prompt lookup searches for",
+        drafter="max_ngram",
     )
     drafter_window: int = _setting(
         0,
         Bound(int, 0, MAX_NEW_TOKENS_MAX),
         "model drafter reads the last N prompt tokens (0: all)",
+        drafter="window",
+    )
+    drafter_head: str | None = _setting(
+        None,
+        Bound(str, optional=True),
+        "draft head for the head and hybrid drafters: a directory, or embedded (none: no head)",
+        drafter="head",
     )
     processor: str = _setting(
         "greedy", Bound(str, choices=PROCESSOR_NAMES), "how tokens are chosen from the logits"
@@ -174,7 +234,7 @@ class Settings:
         128, Bound(int, 1, MAX_NEW_TOKENS_MAX), "most tokens generated per answer"
     )
     seed: int = _setting(0, Bound(int, 0, SEED_MAX), "seed of the sampling generator")
-    use_cache: bool = _setting(True, Bound(bool), "KV cache for both models")
+    use_cache: bool = _setting(True, Bound(bool), "KV cache for both models", flag="--no-cache")
     chat: bool = _setting(True, Bound(bool), "apply the chat template and keep the history")
     system_prompt: str | None = _setting(
         None, Bound(str, optional=True), "system prompt in chat mode (none: the template's)"
@@ -234,14 +294,9 @@ class Settings:
         return describe_processor(self.processor, parameters)
 
     def drafter_options(self) -> DrafterOptions:
+        """The drafter these settings ask for: each drafter option under its short name."""
         return DrafterOptions(
-            kind=self.drafter_kind,
-            ngram_order=self.ngram_order,
-            ngram_keep=self.ngram_keep,
-            top_k_filler=self.ngram_filler,
-            lookup_max_ngram=self.lookup_max_ngram,
-            window=self.drafter_window or None,
-            head=self.drafter_head,
+            **{name: getattr(self, setting) for name, setting in DRAFTER_SETTINGS.items()}
         )
 
     def gamma_policy_object(self) -> GammaPolicy:
@@ -267,3 +322,24 @@ class Settings:
     @classmethod
     def help(cls, name: str) -> str:
         return next(f.metadata["help"] for f in fields(cls) if f.name == name)
+
+
+def _names(setting: Field[Any]) -> SettingNames:
+    """The names of one field: those it declares, the others made from its name."""
+    declared = setting.metadata["names"]
+    switch = (not setting.default) if setting.metadata["bound"].kind is bool else None
+    prefix = "--no-" if switch is False else "--"
+    flag = declared["flag"] or prefix + setting.name.replace("_", "-")
+    return SettingNames(
+        setting.name, flag, switch, declared["drafter"], declared["old_drafter_keys"]
+    )
+
+
+SETTING_NAMES: dict[str, SettingNames] = {f.name: _names(f) for f in fields(Settings)}
+"""Every setting's names, by setting, in the order the fields are declared."""
+
+DRAFTER_SETTINGS: dict[str, str] = {
+    names.drafter: names.setting for names in SETTING_NAMES.values() if names.drafter is not None
+}
+"""The drafter options' settings by their short names: {"kind": "drafter_kind", ...,
+"filler": "ngram_filler", ...}, in the order `/drafter_kind` takes them."""

@@ -71,3 +71,41 @@ def tiny_config_file(tmp_path_factory: pytest.TempPathFactory):
         f'drafter_kind = "model"\n'
     )
     return path
+
+
+@pytest.fixture(scope="session")
+def every_setting_changed():
+    """Settings with every field away from its default: the flag, config and REPL
+    tests set them all, so a setting that one of them cannot reach fails there."""
+    from specrepl.settings import Settings
+
+    changed = Settings(
+        gamma=6,
+        gamma_policy="heuristic",
+        confidence=0.5,
+        drafter_kind="ngram",
+        ngram_order=5,
+        ngram_keep=True,
+        ngram_filler=4,
+        lookup_max_ngram=2,
+        drafter_window=16,
+        drafter_head="embedded",
+        processor="topknucleus",
+        temperature=0.7,
+        top_k=9,
+        top_p=0.8,
+        max_new_tokens=20,
+        seed=3,
+        use_cache=False,
+        chat=False,
+        system_prompt="Be brief.",
+        speculative=False,
+        target_gen=False,
+        drafter_gen=True,
+        debug=True,
+    )
+    same = [
+        name for name in Settings.names() if getattr(changed, name) == getattr(Settings(), name)
+    ]
+    assert not same, f"give {same} a value other than the default here"
+    return changed

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from specrepl import cli
+from specrepl.flags import SETTING_FLAGS
 from specrepl.settings import Settings
 from specrepl.testing import tiny_llama, tiny_tokenizer
 
@@ -57,6 +58,9 @@ def test_help_documents_every_flag(capsys: pytest.CaptureFixture[str]) -> None:
         "--config", "--target", "--drafter", "--device", "--dtype", "--quantize", "--gamma",
         "--processor", "--temperature", "--top-k", "--top-p", "--max-new-tokens", "--seed",
         "--no-cache", "--no-chat", "--trust-remote-code", "--prompt", "--json", "--retime-widths",
+        "--gamma-policy", "--drafter-kind", "--drafter-head", "--ngram-order", "--ngram-keep",
+        "--ngram-filler", "--lookup-max-ngram", "--drafter-window", "--no-speculative",
+        "--no-target-gen", "--drafter-gen", "--debug", "--system-prompt", "--confidence",
     ):  # fmt: skip
         assert flag in text
     assert "an integer >= 1 and <= 64" in text  # the bounds come from Settings
@@ -102,6 +106,22 @@ def test_flags_override_the_config(config_file: Path) -> None:
         cli.build_parser().parse_args(["--config", str(config_file), "--system-prompt", "none"])
     )
     assert template_default.settings.system_prompt is None
+
+
+def test_every_setting_is_reached_by_its_flag(
+    config_file: Path, every_setting_changed: Settings
+) -> None:
+    argv = ["--config", str(config_file)]
+    for flag in SETTING_FLAGS:
+        value = getattr(every_setting_changed, flag.setting)
+        if flag.switch is None:
+            argv += [flag.flag, str(value)]
+        elif value == flag.switch:
+            argv.append(flag.flag)
+    assert [flag.setting for flag in SETTING_FLAGS] == Settings.names()
+    assert cli.app_config(cli.build_parser().parse_args(argv)).settings == every_setting_changed
+    after = cli.parse_arguments(["soak", *argv])  # the same flags after a subcommand
+    assert cli.app_config(after).settings == every_setting_changed
 
 
 @pytest.mark.parametrize(

@@ -26,7 +26,7 @@ from specrepl.models import ModelPair
 from specrepl.processors import PROCESSORS
 from specrepl.render import Renderer
 from specrepl.session import ChatSession
-from specrepl.settings import DRAFTER_KINDS, GAMMA_MAX, Settings
+from specrepl.settings import DRAFTER_KINDS, DRAFTER_SETTINGS, GAMMA_MAX, Settings
 
 
 @pytest.fixture
@@ -233,17 +233,42 @@ def test_system_prompt_set_show_and_clear(session: ChatSession) -> None:
 
 
 def test_bare_setting_commands_show_the_value(session: ChatSession) -> None:
+    drafter = ("drafter_kind", "ngram_order", "ngram_keep", "ngram_filler", "lookup_max_ngram",
+               "drafter_window", "drafter_head")  # fmt: skip
     for line, names in [
         ("/gamma", ("gamma_policy", "gamma")),
         ("/length", ("max_new_tokens",)),
         ("/seed", ("seed",)),
         ("/processor", ("processor", "temperature", "top_k", "top_p")),
+        ("/drafter_kind", drafter),
         ("/config", tuple(Settings.names())),
         ("/settings", tuple(Settings.names())),
     ]:
         result = REGISTRY.dispatch(session, line)
         assert isinstance(result, ShowSettings)
         assert result.names == names
+
+
+def test_drafter_kind_takes_every_drafter_option_by_its_short_name(
+    pair: ModelPair, every_setting_changed: Settings
+) -> None:
+    """`/drafter_kind KIND NAME=VALUE` sets each drafter option, under the name the
+    config file's [drafter] table gives it too."""
+    command = REGISTRY.lookup("drafter_kind")
+    assert command is not None
+    assert [(a.name, a.setting) for a in command.arguments] == list(DRAFTER_SETTINGS.items())
+    assert settings_after(ChatSession(pair), "/drafter_kind kind=ngram").drafter_kind == "ngram"
+    # a head for the tiny target would have to be trained: the head is set back to none
+    session = ChatSession(pair, Settings(drafter_head="unused"))
+    for argument in command.arguments[1:]:
+        assert argument.setting is not None and argument.when is not None
+        value = getattr(every_setting_changed, argument.setting)
+        kind = argument.when[1][0]
+        if argument.setting == "drafter_head":
+            value, kind = None, "hybrid"
+        text = {True: "on", False: "off", None: "none"}.get(value, str(value))
+        line = f"/drafter_kind {kind} {argument.name}={text}"
+        assert getattr(settings_after(session, line), argument.setting) == value, line
 
 
 def test_other_commands(session: ChatSession) -> None:

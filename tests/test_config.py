@@ -1,8 +1,12 @@
-"""Config files: the shipped ones parse, and every kind of mistake names file and key."""
+"""Config files: the shipped ones parse, every kind of mistake names file and key,
+and every setting is read under the names its declaration gives it."""
 
 from __future__ import annotations
 
+import json
+from dataclasses import fields
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -12,7 +16,8 @@ from specrepl.config import (
     default_config_path,
     load_config,
 )
-from specrepl.settings import Settings
+from specrepl.drafter_options import DrafterOptions
+from specrepl.settings import DRAFTER_SETTINGS, SETTING_NAMES, Settings
 
 CONFIGS = default_config_path().parent
 PRESETS = {
@@ -181,6 +186,8 @@ def test_model_spec_validates_itself() -> None:
 
 
 TARGET = '[target]\nsource = "embedded"\n'
+DRAFTER_KEYS = ("kind", "order", "keep", "filler", "max_ngram", "window", "head")
+"""The drafter's options as README documents them for [drafter] and /drafter_kind."""
 
 
 @pytest.mark.parametrize(
@@ -191,6 +198,14 @@ TARGET = '[target]\nsource = "embedded"\n'
         (TARGET + "[target.extra]\nx = 1\n", "target.extra", "known keys: source, dtype"),
         (TARGET + '[drafter]\nkind = "ngram"\nordr = 3\n', "drafter.ordr", "'order'"),
         (TARGET + "[generation]\ntemprature = 0.5\n", "generation.temprature", "'temperature'"),
+        (TARGET + "[generation]\nfiller = 3\n", "generation.filler", "'ngram_filler'"),
+        (TARGET + '[drafter]\nkind = "ngram"\nfiler = 3\n', "drafter.filer", "'filler'?"),
+        (TARGET + "[drafter]\nngram_filler = 3\n", "drafter.ngram_filler", "'filler'?"),
+        (
+            TARGET + '[drafter]\nkind = "ngram"\ntop_k_filler = 0\n',
+            "drafter.top_k_filler",  # an old spelling's mistake names the key as written
+            "expected an integer >= 1 and <= 64, got 0",
+        ),
         ("trust_remote = true\n" + TARGET, "trust_remote", "'trust_remote_code'"),
         # wrong types
         ("[target]\nsource = 5\n", "target.source", "expected a string, got 5"),
@@ -293,3 +308,62 @@ def test_a_directory_or_a_device_is_no_config(tmp_path: Path) -> None:
     devnull = Path("/dev/null")
     if devnull.exists():  # read to the end it is empty; refused before that as no file
         expect_error(devnull, "not a regular file, expected a .toml file")
+
+
+def toml_table(name: str, values: dict[str, Any]) -> str:
+    return f"[{name}]\n" + "".join(
+        f"{key} = {json.dumps(value)}\n" for key, value in values.items()
+    )
+
+
+def test_every_setting_is_read_from_the_generation_table(
+    tmp_path: Path, every_setting_changed: Settings
+) -> None:
+    text = TARGET + toml_table("generation", every_setting_changed.as_dict())
+    assert load_config(write(tmp_path, text)).settings == every_setting_changed
+
+
+def test_every_drafter_option_is_read_from_the_drafter_table_by_its_short_name(
+    tmp_path: Path, every_setting_changed: Settings
+) -> None:
+    assert tuple(DRAFTER_SETTINGS) == DRAFTER_KEYS
+    values = {name: getattr(every_setting_changed, s) for name, s in DRAFTER_SETTINGS.items()}
+    settings = load_config(write(tmp_path, TARGET + toml_table("drafter", values))).settings
+    assert {name: getattr(settings, s) for name, s in DRAFTER_SETTINGS.items()} == values
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "value"), [("top_k_filler", "filler", 4), ("keep_between_prompts", "keep", True)]
+)
+def test_old_drafter_keys_still_give_the_same_setting(
+    tmp_path: Path, old: str, new: str, value: Any
+) -> None:
+    def settings(**drafter: Any) -> Settings:
+        text = TARGET + toml_table("drafter", {"kind": "ngram", **drafter})
+        return load_config(write(tmp_path, text)).settings
+
+    assert settings(**{old: value}) == settings(**{new: value}) != settings()
+    with pytest.raises(ConfigError, match=f"drafter.{old}: expected one of {new} and {old}, not"):
+        settings(**{new: value, old: value})
+
+
+def test_drafter_options_are_the_drafter_settings_under_their_short_names(
+    every_setting_changed: Settings,
+) -> None:
+    assert every_setting_changed.drafter_options() == DrafterOptions(
+        kind="ngram", order=5, keep=True, filler=4, max_ngram=2, window=16, head="embedded"
+    )
+    assert set(DRAFTER_SETTINGS) <= {field.name for field in fields(DrafterOptions)}
+
+
+def test_each_setting_has_one_name_that_its_flag_and_drafter_name_are_made_of() -> None:
+    """A flag is the setting's name with dashes (a switch that turns a setting off:
+    `--no-` and that name); a drafter option's short name ends its setting's name."""
+    irregular = {"use_cache": "--no-cache"}  # documented before the names were one
+    for names in SETTING_NAMES.values():
+        dashed = names.setting.replace("_", "-")
+        regular = f"--no-{dashed}" if names.switch is False else f"--{dashed}"
+        assert names.flag == irregular.get(names.setting, regular)
+        assert names.drafter is None or names.setting.endswith("_" + names.drafter)
+        for key in names.old_drafter_keys:  # an old key names its setting only
+            assert key not in DRAFTER_SETTINGS and key not in SETTING_NAMES
