@@ -481,3 +481,62 @@ def test_lookup_peers_only(pair: ModelPair) -> None:
         "hf_generate",
         "hf_lookup",
     ]
+
+
+def test_peers_flag_takes_a_list() -> None:
+    assert command.parse_peers(None) == ()
+    assert command.parse_peers("none") == ()
+    assert command.parse_peers("hf-compiled, hf,hf-compiled") == ("hf-compiled", "hf")
+    for bad in ("hf,llama", ",", "HF"):
+        with pytest.raises(BenchError, match="--peers: expected some of hf, hf-lookup"):
+            command.parse_peers(bad)
+
+
+def test_compiled_peer_is_compiled_first_and_matches_the_target(
+    pair: ModelPair, prompts_file: Path
+) -> None:
+    """transformers generate() with a static cache and torch.compile, for real:
+    compiled once before the timed runs (its seconds reported apart), then
+    timed like every method, with the target's greedy tokens."""
+    prompts = load_prompts(prompts_file, limit=1)
+    options = BenchOptions(max_new_tokens=8, peers=("hf-compiled",), warmup=0, tune_widths=False)
+    benchmark = Benchmark(pair, options)
+    assert [m.name for m in benchmark.methods] == [
+        "target",
+        "speculative",
+        "hf_generate",
+        "hf_compiled",
+    ]
+    records = benchmark.run(prompts)
+    assert benchmark.unavailable == {}, benchmark.unavailable
+    assert benchmark.compile_seconds is not None and benchmark.compile_seconds > 0
+    for record in records:
+        compiled = record.runs["hf_compiled"]
+        assert compiled.identical and compiled.token_ids == record.runs["target"].token_ids
+    payload = BenchReport.build(benchmark).to_dict()
+    assert payload["compile_seconds"] == benchmark.compile_seconds
+    assert payload["methods"][-1]["settings"]["cache_implementation"] == "static"
+
+
+def test_a_peer_that_cannot_compile_is_dropped_with_the_reason(
+    pair: ModelPair, prompts_file: Path
+) -> None:
+    prompts = load_prompts(prompts_file, limit=1)
+    options = BenchOptions(
+        max_new_tokens=4,
+        peers=("hf-compiled",),
+        warmup=0,
+        tune_widths=False,
+        compile_backend="no-such-backend",
+    )
+    benchmark = Benchmark(pair, options)
+    records = benchmark.run(prompts)
+    assert "hf_compiled" in benchmark.unavailable
+    assert "torch.compile failed here" in benchmark.unavailable["hf_compiled"]
+    assert "no-such-backend" in benchmark.unavailable["hf_compiled"]
+    assert all("hf_compiled" not in record.runs for record in records)
+    assert len(records) == 2 and all("hf_generate" in record.runs for record in records)
+    report = BenchReport.build(benchmark)
+    console = _console()
+    tables.render_report(report, console)
+    assert "hf_compiled did not run: torch.compile failed here" in console.export_text()

@@ -40,7 +40,7 @@ from .prompts import PROMPTS_FILE, BenchError, BenchPrompt, default_prompts_path
 from .report import BenchReport
 from .runner import PEERS, Benchmark, BenchOptions, GammaSpec
 
-__all__ = ["add_arguments", "parse_sweep", "run"]
+__all__ = ["add_arguments", "parse_peers", "parse_sweep", "run"]
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -64,6 +64,18 @@ def parse_sweep(value: str | None) -> tuple[int, ...]:
             raise BenchError(f"--gamma-sweep: gammas must be between 1 and {GAMMA_MAX}")
         gammas.update(range(low, high + 1))
     return tuple(sorted(gammas))
+
+
+def parse_peers(value: str | None) -> tuple[str, ...]:
+    """`hf,hf-compiled`: the peers to run, in the order given, no repeats; () for none."""
+    if value is None:
+        return ()
+    names = list(dict.fromkeys(name.strip() for name in value.split(",") if name.strip()))
+    unknown = [name for name in names if name not in PEERS]
+    if unknown or not names:
+        got = unknown[0] if unknown else value
+        raise BenchError(f"--peers: expected some of {', '.join(PEERS)}, got {got!r}")
+    return () if names == ["none"] else tuple(name for name in names if name != "none")
 
 
 def _categories(value: str | None) -> list[str] | None:
@@ -90,9 +102,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--peers",
-        choices=PEERS,
-        help="hf: also time transformers generate() and its drafters; "
-        "hf-lookup: generate() and its prompt lookup only",
+        metavar="A,B",
+        help="also time what users run instead, comma-separated: hf (transformers generate()"
+        " plain, assisted and prompt lookup), hf-lookup (generate() and its prompt lookup"
+        " only), hf-compiled (generate() with a static cache and torch.compile; the"
+        " compilation is timed apart), none (default)",
     )
     parser.add_argument(
         "--gamma-sweep",
@@ -164,7 +178,7 @@ def _plan(args: argparse.Namespace) -> _Plan:
     prompts = load_prompts(
         prompts_path, categories=_categories(_arg(args, "categories")), limit=_arg(args, "limit")
     )
-    peers = () if _arg(args, "peers") in (None, "none") else (_arg(args, "peers"),)
+    peers = parse_peers(_arg(args, "peers"))
     options = BenchOptions(
         max_new_tokens=settings.max_new_tokens,
         processor=settings.logits_processor(),

@@ -31,6 +31,7 @@ from .prompts import BenchPrompt
 __all__ = [
     "HF_ASSISTED",
     "HF_ASSISTED_MATCHED",
+    "HF_COMPILED",
     "HF_GENERATE",
     "HF_LOOKUP",
     "OVERALL",
@@ -53,6 +54,7 @@ OVERALL = "overall"
 TARGET = "target"
 SPECULATIVE = "speculative"
 HF_GENERATE = "hf_generate"
+HF_COMPILED = "hf_compiled"
 HF_ASSISTED = "hf_assisted"
 HF_ASSISTED_MATCHED = "hf_assisted_matched"
 HF_LOOKUP = "hf_lookup"

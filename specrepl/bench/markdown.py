@@ -247,7 +247,20 @@ def run_markdown(run: dict[str, Any]) -> str:
                 ),
             ),
         ]
-    return "\n".join(parts) + "\n"
+    return "\n".join([*parts, *_peer_notes(run)]) + "\n"
+
+
+def _peer_notes(run: dict[str, Any]) -> list[str]:
+    """The compiled peer's compilation time and the peers that could not run."""
+    notes = []
+    if run.get("compile_seconds") is not None:
+        notes.append(
+            "\nHF generate (static cache, torch.compile): the first call, compilation"
+            f" included, took {run['compile_seconds']:.1f} s (not in the figures above)."
+        )
+    for name, reason in (run.get("unavailable") or {}).items():
+        notes.append(f"\n{name} did not run: {reason}")
+    return notes
 
 
 # -- several runs side by side ----------------------------------------------------

@@ -88,6 +88,10 @@ class BenchReport:
     created: str
     skipped: list[tuple[BenchPrompt, str]] = field(default_factory=list)
     interrupted: bool = False
+    unavailable: dict[str, str] = field(default_factory=dict)
+    """Peers asked for that could not run here, with the reason."""
+    compile_seconds: float | None = None
+    """The hf-compiled peer's first call, compilation included."""
 
     @classmethod
     def build(
@@ -119,6 +123,8 @@ class BenchReport:
             created=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
             skipped=list(benchmark.skipped),
             interrupted=interrupted,
+            unavailable=dict(benchmark.unavailable),
+            compile_seconds=benchmark.compile_seconds,
         )
 
     @property
@@ -173,6 +179,8 @@ class BenchReport:
                 for method in self.sweep_methods
                 if method.name in overall
             ],
+            "unavailable": dict(self.unavailable),
+            "compile_seconds": self.compile_seconds,
             "skipped": [
                 {"question_id": prompt.question_id, "category": prompt.category, "reason": reason}
                 for prompt, reason in self.skipped

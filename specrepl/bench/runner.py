@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import torch
-from transformers import GenerationConfig
+from transformers import CompileConfig, GenerationConfig
 from transformers.utils import logging as hf_logging
 
 from ..devices import synchronize
@@ -39,6 +39,7 @@ from ..widths import WidthPlan, tune_pair_widths
 from .figures import (
     HF_ASSISTED,
     HF_ASSISTED_MATCHED,
+    HF_COMPILED,
     HF_GENERATE,
     HF_LOOKUP,
     SPECULATIVE,
@@ -52,7 +53,7 @@ from .prompts import BenchError, BenchPrompt
 
 __all__ = ["PEERS", "BenchOptions", "Benchmark", "GammaSpec", "ProgressCallback"]
 
-PEERS = ("hf", "hf-lookup", "none")
+PEERS = ("hf", "hf-lookup", "hf-compiled", "none")
 WARMUP_MAX_NEW_TOKENS = 32
 
 # What a matched assistant is given (assistant_model.generation_config fields).
@@ -97,6 +98,8 @@ class BenchOptions:
     chat: bool = True
     system_prompt: str | None = None
     tune_widths: bool = True
+    compile_backend: str = "inductor"
+    """torch.compile's backend for the hf-compiled peer."""
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
@@ -132,6 +135,7 @@ class BenchOptions:
             "chat_template": self.chat,
             "system_prompt": self.system_prompt,
             "tune_widths": self.tune_widths,
+            "compile_backend": self.compile_backend,
         }
 
 
@@ -181,6 +185,10 @@ class Benchmark:
         self.records: list[PromptRecord] = []
         self.skipped: list[tuple[BenchPrompt, str]] = []
         self.width_plans: dict[str, WidthPlan] = {}
+        self.unavailable: dict[str, str] = {}
+        """Peers that were asked for and cannot run here, with the reason."""
+        self.compile_seconds: float | None = None
+        """The hf-compiled peer's first call (compilation included), not timed with the runs."""
 
     # -- set-up ------------------------------------------------------------
 
@@ -236,10 +244,23 @@ class Benchmark:
             )
             for gamma in options.sweep
         ]
-        if not {"hf", "hf-lookup"} & set(options.peers):
+        peers = set(options.peers) - {"none"}
+        if not peers:
             return methods
         methods.append(Method(HF_GENERATE, "HF generate", "hf"))
-        if "hf" in options.peers and self.pair.drafter is not None:
+        if "hf-compiled" in peers:
+            methods.append(
+                Method(
+                    HF_COMPILED,
+                    "HF generate (static cache, torch.compile)",
+                    "hf",
+                    settings={
+                        "cache_implementation": "static",
+                        "compile_config": {"dynamic": True, "backend": options.compile_backend},
+                    },
+                )
+            )
+        if "hf" in peers and self.pair.drafter is not None:
             defaults = {name: _transformers_default(name) for name in _ASSISTANT_FIELDS}
             loaded = self.pair.drafter.model.generation_config
             effective = {
@@ -266,6 +287,8 @@ class Benchmark:
                     settings={"assistant_generation_config": self._matched_assistant()},
                 )
             )
+        if not peers & {"hf", "hf-lookup"}:
+            return methods
         methods.append(
             Method(
                 HF_LOOKUP,
@@ -381,6 +404,9 @@ class Benchmark:
         changes: dict[str, Any] = {}
         if method.name == HF_LOOKUP:
             options["prompt_lookup_num_tokens"] = self.options.gamma.gamma
+        elif method.name == HF_COMPILED:
+            options["cache_implementation"] = "static"
+            options["compile_config"] = self._compile_config()
         elif method.name == HF_ASSISTED_MATCHED:
             changes = self._matched_assistant()
         assisted = method.name in (HF_ASSISTED, HF_ASSISTED_MATCHED)
@@ -399,6 +425,35 @@ class Benchmark:
             seconds=seconds,
             stop_reason="eos" if ended else "length",
         )
+
+    def _compile_config(self) -> CompileConfig:
+        """What transformers documents for a fast `generate()`: a static cache
+        and its forward compiled, with dynamic shapes so that prompts of other
+        lengths reuse the graph. transformers compiles only on a GPU unless its
+        `_compile_all_devices` switch is set, which it keeps for a CPU run."""
+        config = CompileConfig(dynamic=True, backend=self.options.compile_backend)
+        if self.pair.device.type == "cpu":
+            config._compile_all_devices = True
+        return config
+
+    def compile_peer(self, prompt: BenchPrompt) -> None:
+        """Compile the hf-compiled peer before anything is timed: one short
+        run on `prompt`, whose seconds go to `compile_seconds`. When it cannot
+        compile here (no C++ compiler, an unknown backend, ...), the peer is
+        dropped and `unavailable` says why; everything else runs as before."""
+        method = next((m for m in self.methods if m.name == HF_COMPILED), None)
+        if method is None:
+            return
+        ids = self.prompt_ids(prompt.text)
+        budget = max(1, min(self.budget(len(ids)), WARMUP_MAX_NEW_TOKENS))
+        try:
+            run = self._hf(method, ids, budget, self.options.seed)
+        except Exception as error:  # torch.compile fails in many ways, all of them here
+            reason = f"{type(error).__name__}: {error}".splitlines()[0][:300]
+            self.unavailable[method.name] = f"torch.compile failed here ({reason})"
+            self.methods = [m for m in self.methods if m.name != HF_COMPILED]
+            return
+        self.compile_seconds = run.seconds
 
     def run_method(self, method: Method, ids: list[int], budget: int, seed: int) -> MethodRun:
         """Time one method on one prompt's ids with a budget of new tokens."""
@@ -503,6 +558,11 @@ class Benchmark:
                 if on_progress is not None:
                     on_progress(0, total, "timing forward widths")
                 self.width_plans = tune_pair_widths(self.pair, self.max_gamma())
+            if any(method.name == HF_COMPILED for method in self.methods):
+                if on_progress is not None:
+                    on_progress(0, total, "compiling the hf-compiled peer")
+                self.compile_peer(prompts[0])
+                total = self.total_runs(prompts)
             self.warm_up(prompts[0], on_progress, total=total)
             done = self.options.warmup * len(self.methods)
             for index, prompt in enumerate(prompts):

@@ -208,6 +208,13 @@ def render_report(report: BenchReport, console: Console) -> None:
             )
         if len(mismatches) > MAX_LISTED_MISMATCHES:
             console.print(f"  … and {len(mismatches) - MAX_LISTED_MISMATCHES} more (see --json)")
+    if report.compile_seconds is not None:
+        console.print(
+            f"HF generate (static cache, torch.compile): the first call, compilation included,"
+            f" took {report.compile_seconds:.1f} s (not in the figures above)"
+        )
+    for name, reason in report.unavailable.items():
+        console.print(f"[yellow]{escape(name)} did not run: {escape(reason)}[/]")
     for prompt, reason in report.skipped:
         console.print(f"[yellow]skipped {escape(prompt.key)}: {escape(reason)}[/]")
     if report.interrupted:
