@@ -244,10 +244,15 @@ class Benchmark:
             )
             for gamma in options.sweep
         ]
-        peers = set(options.peers) - {"none"}
+        return methods + self._peer_methods(set(options.peers) - {"none"})
+
+    def _peer_methods(self, peers: set[str]) -> list[Method]:
+        """What users run instead: transformers `generate()` plain, compiled,
+        assisted by the drafter model and with prompt lookup, as `peers` ask."""
+        spec = self.options.gamma
         if not peers:
-            return methods
-        methods.append(Method(HF_GENERATE, "HF generate", "hf"))
+            return []
+        methods = [Method(HF_GENERATE, "HF generate", "hf")]
         if "hf-compiled" in peers:
             methods.append(
                 Method(
@@ -256,7 +261,10 @@ class Benchmark:
                     "hf",
                     settings={
                         "cache_implementation": "static",
-                        "compile_config": {"dynamic": True, "backend": options.compile_backend},
+                        "compile_config": {
+                            "dynamic": True,
+                            "backend": self.options.compile_backend,
+                        },
                     },
                 )
             )
