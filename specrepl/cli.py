@@ -55,7 +55,7 @@ from .signals import (
     signals_held,
     sigterm_unwinds,
 )
-from .startup import LoadingSession, known_failure, open_session
+from .startup import LoadingSession, known_failure, load_config_pair, open_session
 
 if TYPE_CHECKING:
     from .answers import Answer
@@ -205,7 +205,6 @@ def _run_distill(args: argparse.Namespace) -> int:
     from . import distill
     from .draft_head import target_fingerprint
     from .gguf_cache import cache_root
-    from .models import load_pair
 
     renderer = Renderer(Console(highlight=False), status_console=Console(stderr=True))
     config = _config(args, renderer)
@@ -213,13 +212,7 @@ def _run_distill(args: argparse.Namespace) -> int:
         return config
     try:
         with renderer.loading("Loading the target") as progress:
-            pair = load_pair(
-                config.target,
-                None,
-                device=config.device,
-                trust_remote_code=config.trust_remote_code,
-                progress=progress,
-            )
+            pair = load_config_pair(config, progress, with_drafter=False)
         work = cache_root() / "distill" / target_fingerprint(pair.target.model)
         options = distill.options_from_args(args, work)
     except Exception as error:

@@ -1,6 +1,8 @@
 """Loading the model pair: in the foreground, or behind the REPL's prompt.
 
-`open_session` loads the config's pair and warms it up. `python infer.py` on
+`load_config_pair` is how every entry point (the REPL, `--prompt`, `bench`,
+`soak`, `replay`, `distill`) turns an application config into a loaded pair;
+`open_session` loads it and warms it up. `python infer.py` on
 a terminal does not wait for it: it draws the prompt at once (torch and
 transformers alone take seconds to import) and a `LoadingSession` runs
 `open_session` in a background thread. Until the models are ready the REPL
@@ -29,6 +31,7 @@ from .signals import signals_held
 
 if TYPE_CHECKING:
     from .config import AppConfig
+    from .models import ModelPair
     from .session import ChatSession
 
 __all__ = [
@@ -36,6 +39,7 @@ __all__ = [
     "ModelsArrived",
     "StartupFailed",
     "known_failure",
+    "load_config_pair",
     "open_session",
 ]
 
@@ -56,20 +60,31 @@ def open_session(
     # runs in the background while the prompt is already usable
     progress("importing torch and transformers…")
     with signals_held():  # a signal inside torch's initialisation would abort the process
-        from .models import load_pair
         from .session import ChatSession
 
-    pair = load_pair(
+    session = ChatSession(load_config_pair(config, progress), config.settings)
+    progress("warming up…")
+    session.warm_up(retime_widths=retime_widths)
+    return session
+
+
+def load_config_pair(
+    config: AppConfig, progress: Callable[[str], None], *, with_drafter: bool = True
+) -> ModelPair:
+    """The config's target and drafter (the target alone when `with_drafter`
+    is False) on the config's device, loaded as every entry point loads them;
+    `progress` is told each stage. Raises ModelLoadError or
+    IncompatibleTokenizersError."""
+    with signals_held():  # a signal inside torch's initialisation would abort the process
+        from .models import load_pair
+
+    return load_pair(
         config.target,
-        config.drafter,
+        config.drafter if with_drafter else None,
         device=config.device,
         trust_remote_code=config.trust_remote_code,
         progress=progress,
     )
-    session = ChatSession(pair, config.settings)
-    progress("warming up…")
-    session.warm_up(retime_widths=retime_widths)
-    return session
 
 
 def known_failure(error: BaseException) -> str | None:

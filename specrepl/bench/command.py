@@ -31,9 +31,10 @@ from rich.progress import (
 from ..compatibility import IncompatibleTokenizersError
 from ..config import AppConfig, ConfigError
 from ..flags import add_model_options, add_setting_options, app_config
-from ..models import ModelLoadError, ModelPair, load_pair
+from ..models import ModelLoadError, ModelPair
 from ..settings import GAMMA_MAX, SettingError
 from ..signals import EXIT_INTERRUPTED
+from ..startup import load_config_pair
 from . import tables
 from .markdown import run_markdown
 from .prompts import PROMPTS_FILE, BenchError, BenchPrompt, default_prompts_path, load_prompts
@@ -245,12 +246,10 @@ def run(args: argparse.Namespace, console: Console, *, pair: ModelPair | None = 
         config = plan.config
         try:
             with console.status("loading models…") as status:
-                pair = load_pair(
-                    config.target,
-                    config.drafter if plan.load_drafter else None,
-                    device=config.device,
-                    trust_remote_code=config.trust_remote_code,
-                    progress=lambda message: status.update(escape(message)),
+                pair = load_config_pair(
+                    config,
+                    lambda message: status.update(escape(message)),
+                    with_drafter=plan.load_drafter,
                 )
         except (ModelLoadError, IncompatibleTokenizersError) as error:
             return fail(str(error), EXIT_FAILED)
