@@ -93,7 +93,8 @@ class LoadedModel:
     `name` is the source the user asked for; `kind` is "embedded", "gguf",
     "directory" or "hub" (or "memory" for models wrapped by
     `ModelPair.from_models`); `from_cache` says a GGUF file was served from
-    its converted copy rather than converted by this load.
+    its converted copy rather than converted by this load; `gguf` is the GGUF
+    file it was loaded from, if any (what the llama.cpp bench peer runs).
     """
 
     model: PreTrainedModel
@@ -106,6 +107,7 @@ class LoadedModel:
     memory_bytes: int
     load_seconds: float
     from_cache: bool = False
+    gguf: Path | None = None
 
     @classmethod
     def wrap(
@@ -116,6 +118,7 @@ class LoadedModel:
         kind: str,
         load_seconds: float = 0.0,
         from_cache: bool = False,
+        gguf: Path | None = None,
     ) -> LoadedModel:
         """Describe an already-built model (put into eval mode)."""
         model.eval()
@@ -130,6 +133,7 @@ class LoadedModel:
             memory_bytes=model.get_memory_footprint(),
             load_seconds=load_seconds,
             from_cache=from_cache,
+            gguf=gguf,
         )
 
     @property
@@ -147,6 +151,7 @@ class LoadedModel:
             "memory_bytes": self.memory_bytes,
             "load_seconds": self.load_seconds,
             "from_cache": self.from_cache,
+            "gguf": None if self.gguf is None else str(self.gguf),
         }
 
     def describe(self) -> str:
@@ -487,6 +492,7 @@ class _Loader:
             kind=source.kind,
             load_seconds=time.perf_counter() - start,
             from_cache=from_cache,
+            gguf=source.gguf,
         )
         return loaded, tokenizer, source
 

@@ -107,7 +107,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="also time what users run instead, comma-separated: hf (transformers generate()"
         " plain, assisted and prompt lookup), hf-lookup (generate() and its prompt lookup"
         " only), hf-compiled (generate() with a static cache and torch.compile; the"
-        " compilation is timed apart), none (default)",
+        " compilation is timed apart), llamacpp (llama.cpp on the target's GGUF file, plain"
+        " and with its prompt lookup; needs bash scripts/setup.sh --llamacpp), none (default)",
     )
     parser.add_argument(
         "--gamma-sweep",

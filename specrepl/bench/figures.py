@@ -34,6 +34,8 @@ __all__ = [
     "HF_COMPILED",
     "HF_GENERATE",
     "HF_LOOKUP",
+    "LLAMACPP",
+    "LLAMACPP_LOOKUP",
     "OVERALL",
     "SPECULATIVE",
     "TARGET",
@@ -58,6 +60,8 @@ HF_COMPILED = "hf_compiled"
 HF_ASSISTED = "hf_assisted"
 HF_ASSISTED_MATCHED = "hf_assisted_matched"
 HF_LOOKUP = "hf_lookup"
+LLAMACPP = "llamacpp"
+LLAMACPP_LOOKUP = "llamacpp_lookup"
 
 
 @dataclass(frozen=True)
@@ -70,7 +74,7 @@ class Method:
 
     name: str
     label: str
-    family: Literal["specrepl", "hf"]
+    family: Literal["specrepl", "hf", "llamacpp"]
     speculative: bool = False
     sweep_gamma: int | None = None
     settings: dict[str, Any] = field(default_factory=dict)

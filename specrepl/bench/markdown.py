@@ -27,6 +27,7 @@ from .figures import OVERALL, TARGET
 
 __all__ = [
     "DASH",
+    "LLAMACPP_NOTE",
     "add_arguments",
     "compare_command",
     "compare_markdown",
@@ -37,6 +38,12 @@ __all__ = [
     "markdown_table",
     "run_markdown",
 ]
+
+LLAMACPP_NOTE = (
+    "llama.cpp runs the GGUF file's quantized weights with its own kernels, specrepl "
+    "their float32 de-quantized values: llama.cpp's greedy text may part from "
+    "specrepl's, and its 'same' count is of the prompts where it did not."
+)
 
 SCHEMA_PREFIX = "specrepl-bench/"
 DASH = "—"
@@ -258,6 +265,8 @@ def _peer_notes(run: dict[str, Any]) -> list[str]:
             "\nHF generate (static cache, torch.compile): the first call, compilation"
             f" included, took {run['compile_seconds']:.1f} s (not in the figures above)."
         )
+    if any(method["family"] == "llamacpp" for method in run["methods"]):
+        notes.append(f"\n{LLAMACPP_NOTE}")
     for name, reason in (run.get("unavailable") or {}).items():
         notes.append(f"\n{name} did not run: {reason}")
     return notes

@@ -141,12 +141,15 @@ class BenchReport:
         return [method for method in self.methods if method.sweep_gamma is not None]
 
     def mismatches(self) -> list[tuple[PromptRecord, MethodRun]]:
-        """Greedy runs whose tokens differ from target-only's."""
+        """Greedy runs whose tokens differ from target-only's, among the methods
+        that compute as specrepl does (llama.cpp's quantized arithmetic is
+        expected to part from it)."""
+        same_arithmetic = {m.name for m in self.methods if m.family != "llamacpp"}
         return [
             (record, run)
             for record in self.records
             for run in record.runs.values()
-            if run.identical is False
+            if run.identical is False and run.method in same_arithmetic
         ]
 
     def to_dict(self) -> dict[str, Any]:

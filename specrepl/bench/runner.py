@@ -4,9 +4,10 @@ For each prompt, in one process on the same loaded models, after a warm-up,
 in an order that alternates from one prompt to the next, `Benchmark` runs
 specrepl target-only, specrepl speculative (the chosen drafter kind and gamma
 policy), optionally a fixed-gamma sweep, and with peers what a user would run
-instead: transformers `generate()` plain, with `assistant_model` (its default
-settings, and with the number of drafts matched to gamma) and with
-`prompt_lookup_num_tokens`. All methods get the same end tokens and token
+instead: transformers `generate()` plain, compiled, with `assistant_model`
+(its default settings, and with the number of drafts matched to gamma) and
+with `prompt_lookup_num_tokens`, and llama.cpp on the target's GGUF file
+(plain and with its prompt lookup, `llamacpp.py`). All methods get the same end tokens and token
 budget; each run is timed around the call with a clock that synchronizes the
 device. Greedy runs are compared token for token with the target-only output.
 
@@ -42,6 +43,8 @@ from .figures import (
     HF_COMPILED,
     HF_GENERATE,
     HF_LOOKUP,
+    LLAMACPP,
+    LLAMACPP_LOOKUP,
     SPECULATIVE,
     TARGET,
     Method,
@@ -49,11 +52,13 @@ from .figures import (
     PromptRecord,
     predict_from_steps,
 )
+from .llamacpp import LlamaCpp, LlamaCppUnavailable, open_llamacpp
 from .prompts import BenchError, BenchPrompt
 
 __all__ = ["PEERS", "BenchOptions", "Benchmark", "GammaSpec", "ProgressCallback"]
 
-PEERS = ("hf", "hf-lookup", "hf-compiled", "none")
+PEERS = ("hf", "hf-lookup", "hf-compiled", "llamacpp", "none")
+HF_PEERS = frozenset({"hf", "hf-lookup", "hf-compiled"})
 WARMUP_MAX_NEW_TOKENS = 32
 
 # What a matched assistant is given (assistant_model.generation_config fields).
@@ -189,6 +194,8 @@ class Benchmark:
         """Peers that were asked for and cannot run here, with the reason."""
         self.compile_seconds: float | None = None
         """The hf-compiled peer's first call (compilation included), not timed with the runs."""
+        self.llamacpp: LlamaCpp | None = None
+        """The llama.cpp peer once `open_llamacpp_peer` has loaded it."""
 
     # -- set-up ------------------------------------------------------------
 
@@ -247,11 +254,31 @@ class Benchmark:
         return methods + self._peer_methods(set(options.peers) - {"none"})
 
     def _peer_methods(self, peers: set[str]) -> list[Method]:
-        """What users run instead: transformers `generate()` plain, compiled,
-        assisted by the drafter model and with prompt lookup, as `peers` ask."""
+        """What users run instead, as `peers` ask."""
+        methods = self._hf_methods(peers) if peers & HF_PEERS else []
+        if "llamacpp" in peers:
+            methods += self._llamacpp_methods()
+        return methods
+
+    def _llamacpp_methods(self) -> list[Method]:
+        """llama.cpp on the target's GGUF file, plain and with prompt lookup."""
+        gguf = self.pair.target.gguf
+        common = {"gguf": None if gguf is None else gguf.name, "threads": torch.get_num_threads()}
+        gamma = self.options.gamma.gamma
+        return [
+            Method(LLAMACPP, "llama.cpp", "llamacpp", settings=common),
+            Method(
+                LLAMACPP_LOOKUP,
+                f"llama.cpp prompt lookup ({gamma})",
+                "llamacpp",
+                settings={**common, "num_pred_tokens": gamma},
+            ),
+        ]
+
+    def _hf_methods(self, peers: set[str]) -> list[Method]:
+        """transformers `generate()` plain, compiled, assisted by the drafter
+        model and with prompt lookup, as `peers` ask."""
         spec = self.options.gamma
-        if not peers:
-            return []
         methods = [Method(HF_GENERATE, "HF generate", "hf")]
         if "hf-compiled" in peers:
             methods.append(
@@ -426,6 +453,10 @@ class Benchmark:
                 lambda: model.generate(input_ids, attention_mask=attention_mask, **options)
             )
         tokens = [int(token) for token in output[0, len(ids) :].tolist()]
+        return self._peer_run(method, tokens, seconds)
+
+    def _peer_run(self, method: Method, tokens: list[int], seconds: float) -> MethodRun:
+        """A peer's run from its new tokens: it stopped at an end token or the budget."""
         ended = bool(tokens) and tokens[-1] in self.pair.eos_token_ids
         return MethodRun(
             method=method.name,
@@ -463,10 +494,48 @@ class Benchmark:
             return
         self.compile_seconds = run.seconds
 
+    def open_llamacpp_peer(self) -> None:
+        """Load the llama.cpp peer before anything is timed; when it cannot run
+        here (not installed, no GGUF file, does not load), its methods are
+        dropped and `unavailable` says why."""
+        names = {LLAMACPP, LLAMACPP_LOOKUP}
+        if not any(method.name in names for method in self.methods):
+            return
+        try:
+            self.llamacpp = open_llamacpp(
+                self.pair.target.gguf,
+                context_length=self.pair.context_length,
+                draft_tokens=self.options.gamma.gamma,
+                end_tokens=self.pair.eos_token_ids,
+                threads=torch.get_num_threads(),
+            )
+        except LlamaCppUnavailable as error:
+            for name in sorted(names):
+                self.unavailable[name] = str(error)
+            self.methods = [m for m in self.methods if m.name not in names]
+            return
+        version = {"llama_cpp_python": self.llamacpp.version}
+        self.methods = [
+            replace(m, settings={**m.settings, **version}) if m.name in names else m
+            for m in self.methods
+        ]
+
+    def _llamacpp(self, method: Method, ids: list[int], budget: int, seed: int) -> MethodRun:
+        if self.llamacpp is None:
+            raise BenchError("the llama.cpp peer is not loaded (open_llamacpp_peer first)")
+        peer = self.llamacpp
+        lookup = method.name == LLAMACPP_LOOKUP
+        tokens, seconds = self._timed(
+            lambda: peer.generate(ids, budget, self.options.processor, seed, lookup=lookup)
+        )
+        return self._peer_run(method, tokens, seconds)
+
     def run_method(self, method: Method, ids: list[int], budget: int, seed: int) -> MethodRun:
         """Time one method on one prompt's ids with a budget of new tokens."""
         if method.family == "specrepl":
             return self._specrepl(method, ids, budget, seed)
+        if method.family == "llamacpp":
+            return self._llamacpp(method, ids, budget, seed)
         return self._hf(method, ids, budget, seed)
 
     # -- the whole benchmark --------------------------------------------------
@@ -474,6 +543,9 @@ class Benchmark:
     def budget(self, prompt_tokens: int) -> int:
         """New tokens every method may make: the limit, or what the context leaves."""
         return min(self.options.max_new_tokens, self.pair.context_length - prompt_tokens)
+
+    def methods_of(self, family: str) -> list[Method]:
+        return [method for method in self.methods if method.family == family]
 
     def max_gamma(self) -> int:
         return max((self.options.gamma.gamma, *self.options.sweep))
@@ -570,7 +642,10 @@ class Benchmark:
                 if on_progress is not None:
                     on_progress(0, total, "compiling the hf-compiled peer")
                 self.compile_peer(prompts[0])
-                total = self.total_runs(prompts)
+            if on_progress is not None and self.methods_of("llamacpp"):
+                on_progress(0, total, "loading the llama.cpp peer")
+            self.open_llamacpp_peer()
+            total = self.total_runs(prompts)
             self.warm_up(prompts[0], on_progress, total=total)
             done = self.options.warmup * len(self.methods)
             for index, prompt in enumerate(prompts):

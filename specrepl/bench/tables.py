@@ -29,7 +29,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from .figures import HF_GENERATE, OVERALL, TARGET, Method, MethodSummary
-from .markdown import DASH, format_number, format_percent, format_times
+from .markdown import DASH, LLAMACPP_NOTE, format_number, format_percent, format_times
 from .report import BenchReport
 
 if TYPE_CHECKING:
@@ -44,14 +44,16 @@ __all__ = [
 
 MATPLOTLIB_REQUIREMENT = "matplotlib==3.11.2"
 MAX_LISTED_MISMATCHES = 20
-FAMILY_STYLE = {"specrepl": "green", "hf": "cyan"}
+FAMILY_STYLE = {"specrepl": "green", "hf": "cyan", "llamacpp": "magenta"}
 
 
 def _identical(summary: MethodSummary, method: Method) -> str:
     if method.name == TARGET or summary.compared == 0:
         return DASH
     text = f"{summary.identical}/{summary.compared}"
-    return text if summary.identical == summary.compared else f"[bold red]{text}[/]"
+    if summary.identical == summary.compared or method.family == "llamacpp":
+        return text
+    return f"[bold red]{text}[/]"
 
 
 def _category_table(report: BenchReport, category: str) -> Table:
@@ -213,6 +215,8 @@ def render_report(report: BenchReport, console: Console) -> None:
             f"HF generate (static cache, torch.compile): the first call, compilation included,"
             f" took {report.compile_seconds:.1f} s (not in the figures above)"
         )
+    if any(method.family == "llamacpp" for method in report.methods):
+        console.print(f"[dim]{LLAMACPP_NOTE}[/]")
     for name, reason in report.unavailable.items():
         console.print(f"[yellow]{escape(name)} did not run: {escape(reason)}[/]")
     for prompt, reason in report.skipped:

@@ -1,0 +1,101 @@
+"""The llama.cpp bench peer: reported as unavailable with the reason wherever it
+cannot run, and, where llama-cpp-python is installed (`bash scripts/setup.sh
+--llamacpp`), run for real on the embedded GGUF file."""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from specrepl.bench import llamacpp, tables
+from specrepl.bench.llamacpp import LlamaCppUnavailable, open_llamacpp, sampling_options
+from specrepl.bench.markdown import LLAMACPP_NOTE, run_markdown
+from specrepl.bench.prompts import BenchPrompt
+from specrepl.bench.report import BenchReport
+from specrepl.bench.runner import Benchmark, BenchOptions, GammaSpec
+from specrepl.models import ModelPair, embedded_gguf_path
+from specrepl.processors import GreedyProcessor, NucleusProcessor, TopKProcessor
+
+HAS_LLAMA_CPP = importlib.util.find_spec("llama_cpp") is not None
+
+
+def test_sampling_options_follow_the_decoding_rule() -> None:
+    greedy = sampling_options(GreedyProcessor())
+    assert greedy["temp"] == 0.0
+    top_k = sampling_options(TopKProcessor(temperature=0.7, top_k=20))
+    assert (top_k["temp"], top_k["top_k"], top_k["top_p"]) == (0.7, 20, 1.0)
+    nucleus = sampling_options(NucleusProcessor(temperature=1.2, top_p=0.9))
+    assert (nucleus["temp"], nucleus["top_p"]) == (1.2, 0.9)
+    # llama-cpp-python's own defaults would filter more than specrepl does.
+    for options in (greedy, top_k, nucleus):
+        assert options["min_p"] == 0.0 and options["repeat_penalty"] == 1.0
+
+
+def test_a_target_without_a_gguf_file_reports_the_peer_unavailable(pair: ModelPair) -> None:
+    """The tiny pair is built in memory: no GGUF file for llama.cpp to run."""
+    options = BenchOptions(max_new_tokens=4, peers=("llamacpp",), warmup=0, tune_widths=False)
+    benchmark = Benchmark(pair, options)
+    assert [m.name for m in benchmark.methods] == [
+        "target",
+        "speculative",
+        "llamacpp",
+        "llamacpp_lookup",
+    ]
+    records = benchmark.run([BenchPrompt(1, "writing", "w3 w4 w5 w3 w4")])
+    assert set(benchmark.unavailable) == {"llamacpp", "llamacpp_lookup"}
+    assert "not loaded from one" in benchmark.unavailable["llamacpp"]
+    assert [set(record.runs) for record in records] == [{"target", "speculative"}]
+    console = Console(file=io.StringIO(), width=160, record=True)
+    tables.render_report(BenchReport.build(benchmark), console)
+    assert "llamacpp did not run: it runs a GGUF file" in console.export_text()
+
+
+def test_a_missing_binding_names_the_setup_flag(monkeypatch, tmp_path: Path) -> None:
+    gguf = tmp_path / "model.gguf"
+    gguf.write_bytes(b"GGUF")
+    real_find_spec = importlib.util.find_spec
+
+    def find_spec(name: str, *args, **kwargs):
+        return None if name == "llama_cpp" else real_find_spec(name, *args, **kwargs)
+
+    monkeypatch.setattr(llamacpp.importlib.util, "find_spec", find_spec)
+    with pytest.raises(LlamaCppUnavailable, match=r"scripts/setup\.sh --llamacpp"):
+        open_llamacpp(gguf, context_length=64, draft_tokens=4, end_tokens=[0])
+    with pytest.raises(LlamaCppUnavailable, match="is missing"):
+        open_llamacpp(tmp_path / "gone.gguf", context_length=64, draft_tokens=4, end_tokens=[0])
+
+
+@pytest.mark.skipif(not HAS_LLAMA_CPP, reason="llama-cpp-python is not installed")
+def test_llamacpp_runs_the_embedded_gguf_beside_specrepl(embedded_pair: ModelPair) -> None:
+    """The peer's output on one prompt: plain and prompt lookup both stop within
+    the budget, lookup gives plain's greedy tokens, and llama.cpp's quantized
+    arithmetic starts the answer as specrepl's float32 target does."""
+    assert embedded_pair.target.gguf == embedded_gguf_path()
+    options = BenchOptions(
+        max_new_tokens=24,
+        gamma=GammaSpec("fixed", 4),
+        drafter_kind="lookup",
+        peers=("llamacpp",),
+        warmup=0,
+        tune_widths=False,
+    )
+    benchmark = Benchmark(embedded_pair, options)
+    prompt = BenchPrompt(1, "writing", "List three colours of the rainbow, one per line.")
+    records = benchmark.run([prompt])
+    assert benchmark.unavailable == {}, benchmark.unavailable
+    runs = records[0].runs
+    plain, lookup, target = runs["llamacpp"], runs["llamacpp_lookup"], runs["target"]
+    assert 1 <= len(plain.token_ids) <= 24 and plain.seconds > 0
+    assert lookup.token_ids == plain.token_ids
+    assert plain.token_ids[:4] == target.token_ids[:4]
+    # A second run starts from a clean state: the same tokens, no cached prompt reused.
+    again = benchmark.run_method(benchmark.methods[2], benchmark.prompt_ids(prompt.text), 24, 0)
+    assert again.token_ids == plain.token_ids
+    payload = BenchReport.build(benchmark).to_dict()
+    settings = next(m["settings"] for m in payload["methods"] if m["name"] == "llamacpp")
+    assert settings["gguf"] == embedded_gguf_path().name and settings["llama_cpp_python"]
+    assert LLAMACPP_NOTE in run_markdown(payload)
