@@ -41,10 +41,14 @@ _WEIGHT_FIRST: ContextVar[frozenset[int]] = ContextVar("weight_first_rows", defa
 class FormChoosingLinear(nn.Linear):
     """A `nn.Linear` that multiplies weight first when its number of rows is in
     the active set (see `weight_first_rows`). Only the forward differs: a layer
-    becomes one by a change of class, keeping its parameters and hooks."""
+    becomes one by a change of class, keeping its parameters and hooks.
+
+    Under `torch.compile` (transformers' compiled `generate()`, bench's
+    hf-compiled peer) it is a plain `nn.Linear`: reading the context variable
+    would break the graph at every layer and leave most of the model eager."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        chosen = _WEIGHT_FIRST.get()
+        chosen = frozenset() if torch.compiler.is_compiling() else _WEIGHT_FIRST.get()
         if chosen:
             rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
             if rows in chosen:

@@ -107,6 +107,18 @@ def test_weight_first_gives_the_stock_products() -> None:
         assert torch.equal(layer(x), stock)  # outside a block: the stock kernel itself
 
 
+def test_torch_compile_sees_plain_linear_layers() -> None:
+    """A compiled forward of a model whose layers may choose their form (bench's
+    hf-compiled peer) is one graph: no break at each linear layer."""
+    import torch._dynamo
+
+    model = tiny_llama(32, seed=0)
+    assert allow_forms(model) > 0
+    ids = torch.tensor([[1, 5, 9, 12]])
+    explained = torch._dynamo.explain(lambda x: model(x).logits)(ids)
+    assert explained.graph_break_count == 0, explained.break_reasons
+
+
 def test_only_plain_float_linear_layers_on_a_cpu_take_another_form() -> None:
     class Custom(torch.nn.Linear):
         pass
