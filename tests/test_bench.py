@@ -540,3 +540,32 @@ def test_a_peer_that_cannot_compile_is_dropped_with_the_reason(
     console = _console()
     tables.render_report(report, console)
     assert "hf_compiled did not run: torch.compile failed here" in console.export_text()
+
+
+def test_a_peer_that_fails_midway_is_dropped_and_the_rest_goes_on(
+    pair: ModelPair, prompts_file: Path, monkeypatch
+) -> None:
+    """A third-party failure on a later prompt costs that peer, not the benchmark:
+    its earlier runs go too (no figure from part of the prompts), with the reason."""
+    prompts = load_prompts(prompts_file)
+    options = BenchOptions(max_new_tokens=4, peers=("hf-lookup",), warmup=1, tune_widths=False)
+    benchmark = Benchmark(pair, options)
+    real_hf = Benchmark._hf
+    calls = {"lookup": 0}
+
+    def flaky_hf(self, method, ids, budget, seed):
+        if method.name == "hf_lookup":
+            calls["lookup"] += 1
+            if calls["lookup"] == 3:  # the warm-up, the first prompt, then this
+                raise RuntimeError("the library crashed\nwith a long trace")
+        return real_hf(self, method, ids, budget, seed)
+
+    monkeypatch.setattr(Benchmark, "_hf", flaky_hf)
+    records = benchmark.run(prompts)
+    assert len(records) == len(prompts)
+    assert benchmark.unavailable == {
+        "hf_lookup": f"failed on {prompts[1].key} (RuntimeError: the library crashed)"
+    }
+    assert all(set(record.runs) == {"target", "speculative", "hf_generate"} for record in records)
+    report = BenchReport.build(benchmark)
+    assert "hf_lookup" not in report.summary["overall"]

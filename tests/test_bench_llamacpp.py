@@ -99,3 +99,8 @@ def test_llamacpp_runs_the_embedded_gguf_beside_specrepl(embedded_pair: ModelPai
     settings = next(m["settings"] for m in payload["methods"] if m["name"] == "llamacpp")
     assert settings["gguf"] == embedded_gguf_path().name and settings["llama_cpp_python"]
     assert LLAMACPP_NOTE in run_markdown(payload)
+    # A prompt longer than llama.cpp's 512-token batch, with prompt lookup.
+    long_ids = benchmark.prompt_ids("Summarize: " + "the cat sat on the mat. " * 120)
+    assert len(long_ids) > 600
+    lookup_method = next(m for m in benchmark.methods if m.name == "llamacpp_lookup")
+    assert len(benchmark.run_method(lookup_method, long_ids, 4, 0).token_ids) == 4

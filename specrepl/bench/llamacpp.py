@@ -132,9 +132,13 @@ def open_llamacpp(
     }
     try:
         plain = llama_cpp.Llama(model_path=str(path), **options)
+        # A draft model makes the binding keep every position's logits, but it sizes
+        # its logits array by the argument: without logits_all=True, a prompt
+        # longer than one batch (512 tokens) overflows it (0.3.36).
         lookup = llama_cpp.Llama(
             model_path=str(path),
             draft_model=speculative.LlamaPromptLookupDecoding(num_pred_tokens=draft_tokens),
+            logits_all=True,
             **options,
         )
     except Exception as error:

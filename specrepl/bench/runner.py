@@ -489,8 +489,7 @@ class Benchmark:
             run = self._hf(method, ids, budget, self.options.seed)
         except Exception as error:  # torch.compile fails in many ways, all of them here
             reason = f"{type(error).__name__}: {error}".splitlines()[0][:300]
-            self.unavailable[method.name] = f"torch.compile failed here ({reason})"
-            self.methods = [m for m in self.methods if m.name != HF_COMPILED]
+            self.drop_peer(method.name, f"torch.compile failed here ({reason})")
             return
         self.compile_seconds = run.seconds
 
@@ -511,8 +510,7 @@ class Benchmark:
             )
         except LlamaCppUnavailable as error:
             for name in sorted(names):
-                self.unavailable[name] = str(error)
-            self.methods = [m for m in self.methods if m.name not in names]
+                self.drop_peer(name, str(error))
             return
         version = {"llama_cpp_python": self.llamacpp.version}
         self.methods = [
@@ -529,6 +527,28 @@ class Benchmark:
             lambda: peer.generate(ids, budget, self.options.processor, seed, lookup=lookup)
         )
         return self._peer_run(method, tokens, seconds)
+
+    def drop_peer(self, name: str, reason: str) -> None:
+        """Leave a peer out of this benchmark, runs already made included, and say why."""
+        self.unavailable[name] = reason
+        self.methods = [m for m in self.methods if m.name != name]
+        for record in self.records:
+            record.runs.pop(name, None)
+
+    def _run_or_drop(
+        self, method: Method, ids: list[int], budget: int, seed: int, where: str
+    ) -> MethodRun | None:
+        """`run_method`; a peer that fails (a crash in a third-party library, say)
+        is dropped with the reason instead of ending the whole benchmark.
+        specrepl's own methods are never dropped: their failure is a bug."""
+        if method.family == "specrepl":
+            return self.run_method(method, ids, budget, seed)
+        try:
+            return self.run_method(method, ids, budget, seed)
+        except Exception as error:
+            reason = f"{type(error).__name__}: {error}".splitlines()[0][:300]
+            self.drop_peer(method.name, f"failed on {where} ({reason})")
+            return None
 
     def run_method(self, method: Method, ids: list[int], budget: int, seed: int) -> MethodRun:
         """Time one method on one prompt's ids with a budget of new tokens."""
@@ -564,10 +584,10 @@ class Benchmark:
         if budget < 1:
             return done
         for _ in range(self.options.warmup):
-            for method in self.methods:
+            for method in list(self.methods):
                 if on_progress is not None:
                     on_progress(done, total, f"warm-up · {method.label}")
-                self.run_method(method, ids, budget, self.options.seed)
+                self._run_or_drop(method, ids, budget, self.options.seed, "the warm-up")
                 done += 1
         return done
 
@@ -598,7 +618,10 @@ class Benchmark:
         for step, method in enumerate(order):
             if on_progress is not None:
                 on_progress(done + step, total, f"{prompt.key} · {method.label}")
-            runs[method.name] = self.run_method(method, ids, budget, seed)
+            run = self._run_or_drop(method, ids, budget, seed, prompt.key)
+            if run is not None:
+                runs[method.name] = run
+        runs = {name: run for name, run in runs.items() if name not in self.unavailable}
         self._compare(runs)
         record = PromptRecord(
             prompt=prompt,
