@@ -104,6 +104,36 @@ def is_copy_of(model: PreTrainedModel, target: PreTrainedModel) -> bool:
     return len(devices) <= 1 and target_fingerprint(model) == target_fingerprint(target)
 
 
+def _next_draft(
+    logits: torch.Tensor,
+    processor: LogitsProcessor,
+    generator: torch.Generator | None,
+    min_confidence: float,
+    laws: list[torch.Tensor],
+) -> torch.Tensor | None:
+    """The next draft token (shape (1,)) from a drafter's logits over the
+    vocabulary: the argmax (greedy), or a sample from `processor`'s law, which
+    is appended to `laws` for the rejection test. None when the drafter's top
+    probability is below `min_confidence` (the draft stops there)."""
+    if processor.is_greedy:
+        if min_confidence > 0 and float(torch.softmax(logits, -1).max()) < min_confidence:
+            return None
+        return torch.argmax(logits, dim=-1, keepdim=True)
+    probs = processor.probabilities(logits)
+    if min_confidence > 0 and float(probs.max()) < min_confidence:
+        return None
+    laws.append(probs)
+    return processor.sample(probs, generator).reshape(1)
+
+
+def _draft(tokens: list[torch.Tensor], laws: list[torch.Tensor], sequence: torch.Tensor) -> Draft:
+    """The drafted tokens and their laws (none for greedy) on the sequence's device."""
+    if not tokens:
+        return Draft(sequence.new_empty(0), None)
+    device = sequence.device
+    return Draft(torch.cat(tokens).to(device), torch.stack(laws).to(device) if laws else None)
+
+
 class ModelDrafter:
     """A small causal LM that shares the target's tokenizer (or a cheaper copy of the target).
 
@@ -191,22 +221,12 @@ class ModelDrafter:
         laws: list[torch.Tensor] = []
         for _ in range(k):
             logits = forward_logits(self.model, context, self.cache, 1, self.vocab_size)[0]
-            if processor.is_greedy:
-                if min_confidence > 0 and float(torch.softmax(logits, -1).max()) < min_confidence:
-                    break
-                token = torch.argmax(logits, dim=-1, keepdim=True)
-            else:
-                probs = processor.probabilities(logits)
-                if min_confidence > 0 and float(probs.max()) < min_confidence:
-                    break
-                token = processor.sample(probs, generator).reshape(1)
-                laws.append(probs)
+            token = _next_draft(logits, processor, generator, min_confidence, laws)
+            if token is None:
+                break
             tokens.append(token)
             context = torch.cat((context, token))
-        if not tokens:
-            return Draft(sequence.new_empty(0), None)
-        drafted = torch.cat(tokens).to(sequence.device)
-        return Draft(drafted, torch.stack(laws).to(sequence.device) if laws else None)
+        return _draft(tokens, laws, sequence)
 
     def update(
         self,
@@ -310,29 +330,20 @@ class HeadDrafter:
         laws: list[torch.Tensor] = []
         position = self.real
         for index in range(k):
-            logits = head.logits(hidden[0, 0]).float()
-            if processor.is_greedy:
-                if min_confidence > 0 and float(torch.softmax(logits, -1).max()) < min_confidence:
-                    break
-                token = head.token_ids[torch.argmax(logits)].reshape(1)
-            else:
-                full = logits.new_full((self.vocab_size,), float("-inf"))
-                full[head.token_ids] = logits
-                probs = processor.probabilities(full)
-                if min_confidence > 0 and float(probs.max()) < min_confidence:
-                    break
-                token = processor.sample(probs, generator).reshape(1).to(device)
-                laws.append(probs)
+            subset = head.logits(hidden[0, 0]).float()
+            logits = subset.new_full((self.vocab_size,), float("-inf"))
+            logits[head.token_ids] = subset  # q is zero outside the head's vocabulary
+            token = _next_draft(logits, processor, generator, min_confidence, laws)
+            if token is None:
+                break
+            token = token.to(device)
             drafted.append(token)
             if index + 1 < k:
                 hidden = head.step(
                     hidden, token[None], torch.tensor([[position]], device=device), self.cache
                 )
                 position += 1
-        if not drafted:
-            return Draft(sequence.new_empty(0), None)
-        tokens_out = torch.cat(drafted).to(sequence.device)
-        return Draft(tokens_out, torch.stack(laws).to(sequence.device) if laws else None)
+        return _draft(drafted, laws, sequence)
 
     def update(
         self,
