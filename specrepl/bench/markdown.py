@@ -41,8 +41,8 @@ __all__ = [
 
 LLAMACPP_NOTE = (
     "llama.cpp runs the GGUF file's quantized weights with its own kernels, specrepl "
-    "their float32 de-quantized values: llama.cpp's greedy text may part from "
-    "specrepl's, and its 'same' count is of the prompts where it did not."
+    "their float32 de-quantized values, so their greedy texts may differ: 'same' "
+    "counts the prompts where llama.cpp's matches specrepl's token for token."
 )
 
 SCHEMA_PREFIX = "specrepl-bench/"
