@@ -15,6 +15,7 @@ from typing import Protocol, runtime_checkable
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
+from .copy_attention import attend_in_cache_dtype, measure_attention
 from .draft_head import DraftHead, HeadCache, target_fingerprint
 from .drafter_options import DRAFTER_KINDS, DrafterOptions
 from .forward import context_length, forward_logits, logits_width, model_device
@@ -146,6 +147,13 @@ class ModelDrafter:
     arithmetic) nor catches up on tokens it did not draft; in exchange it
     drafts nothing before the target's first pass of a generation. Without a
     target cache (the target runs uncached) it reads for itself.
+
+    On a CPU, a copy in a narrower dtype than the target's may keep the
+    target's keys and values uncast and attend in their dtype
+    (`copy_attention.py`): at the first copy it times one query over a
+    512-token context both ways on this machine (a few milliseconds) and keeps
+    the cheaper; `cache_dtype` forces a choice (the model's own dtype: always
+    cast).
     """
 
     def __init__(
@@ -157,6 +165,7 @@ class ModelDrafter:
         window: int | None = None,
         keep_between_prompts: bool = False,
         copy_of_target: bool = False,
+        cache_dtype: torch.dtype | None = None,
     ) -> None:
         if window is not None and window < 1:
             raise ValueError(f"window must be >= 1 or None, got {window}")
@@ -175,6 +184,8 @@ class ModelDrafter:
         self.cache: DynamicCache | None = None
         self.offset = 0
         self._kept = PromptCache()  # the cache between generations, with keep_between_prompts
+        self.cache_dtype = cache_dtype
+        """The dtype the target's keys and values are kept in (None: not decided yet)."""
 
     def begin(self, prompt: torch.Tensor, vocab_size: int) -> None:
         """A `window` lets the drafter read only the prompt's last `window`
@@ -245,11 +256,27 @@ class ModelDrafter:
                     target_cache,
                     self.cache,
                     valid_length,
-                    dtype=self.model.dtype,
+                    dtype=self._copied_dtype(target_cache),
                     device=self.device,
                 )
         if self.keep_between_prompts and self.cache is not None and self.window is None:
             self._kept.keep(self.model, self.cache, sequence)
+
+
+    def _copied_dtype(self, target_cache: DynamicCache) -> torch.dtype:
+        """The dtype to keep the target's keys and values in: the copy's own, or
+        (decided once, by measurement on a CPU) the target's, attended as such."""
+        source = target_cache.layers[0].keys.dtype
+        own = self.model.dtype
+        if self.cache_dtype is None:
+            self.cache_dtype = own
+            if source != own and self.device.type == "cpu":
+                costs = measure_attention(self.model, source)
+                if costs and costs[source] < costs[own]:
+                    self.cache_dtype = source
+        if self.cache_dtype == source != own and not attend_in_cache_dtype(self.model):
+            self.cache_dtype = own
+        return self.cache_dtype if self.cache_dtype == source else own
 
 
 class HeadDrafter:

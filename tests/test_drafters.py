@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import copy as copy_module
 import functools
 
 import pytest
 import torch
 from transformers import LlamaForCausalLM
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+from specrepl import copy_attention, drafters
 from specrepl.drafter_options import DrafterOptions
 from specrepl.drafters import (
     HeadDrafter,
@@ -318,6 +321,7 @@ def test_a_copy_of_the_target_takes_its_keys_and_values_and_never_reads_a_prompt
     )
     try:
         drafter = build_drafter(options, copy, copy_of_target=True)
+        drafter.cache_dtype = torch.bfloat16  # cast, whatever this machine measures
         prompt = PROMPTS[0]
         events: list[StepEvent] = []
         result = speculative_generate(
@@ -349,3 +353,72 @@ def test_a_copy_without_the_targets_cache_reads_for_itself(target) -> None:
     prompt = PROMPTS[1]
     result = speculative_generate(prompt, drafter, target, gamma=3, max_gen_len=20, use_cache=False)
     assert result.token_ids == autoregressive_generate(prompt, target, max_gen_len=20).token_ids
+
+
+def _bf16_copy(target) -> LlamaForCausalLM:
+    """The target's weights in bfloat16, with a config of its own."""
+    copy = LlamaForCausalLM(copy_module.deepcopy(target.config))
+    copy.load_state_dict(target.state_dict())
+    return copy.to(torch.bfloat16).eval()
+
+
+@pytest.mark.parametrize("gamma", [1, 3, 8])
+@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16])
+def test_a_bf16_copy_attending_in_either_dtype_keeps_the_target_output(
+    target, references, cache_dtype, gamma
+) -> None:
+    """The copy keeps the target's float32 keys and values uncast and attends in
+    float32, or casts them to bfloat16: the output is the target's either way."""
+    drafter = ModelDrafter(_bf16_copy(target), copy_of_target=True, cache_dtype=cache_dtype)
+    events: list[StepEvent] = []
+    for prompt in PROMPTS:
+        result = speculative_generate(
+            prompt, drafter, target, gamma=gamma, max_gen_len=40, on_step=events.append
+        )
+        assert result.token_ids == references[tuple(prompt)]
+        held = drafter.cache
+        assert held is not None
+        assert {layer.keys.dtype for layer in held.layers} == {cache_dtype}
+    assert sum(event.accepted for event in events) > 0
+
+
+@pytest.mark.parametrize("cheaper", [torch.float32, torch.bfloat16])
+def test_the_copy_keeps_the_dtype_measured_cheaper_here(target, monkeypatch, cheaper) -> None:
+    dearer = torch.bfloat16 if cheaper == torch.float32 else torch.float32
+    measured: list[torch.dtype] = []
+
+    def measure(model, cache_dtype):
+        measured.append(cache_dtype)
+        return {cheaper: 1e-4, dearer: 2e-4}
+
+    monkeypatch.setattr(drafters, "measure_attention", measure)
+    copy = _bf16_copy(target)
+    drafter = ModelDrafter(copy, copy_of_target=True)
+    for prompt in PROMPTS:
+        speculative_generate(prompt, drafter, target, gamma=4, max_gen_len=12)
+    assert measured == [torch.float32]  # once, at the first copy
+    assert drafter.cache_dtype == cheaper
+    assert drafter.cache is not None and drafter.cache.layers[0].keys.dtype == cheaper
+    attends_as_cached = copy.config._attn_implementation == copy_attention.ATTENTION
+    assert attends_as_cached == (cheaper == torch.float32)
+
+
+def test_attention_in_the_cache_dtype_is_sdpa_in_that_dtype(target) -> None:
+    module = next(m for m in target.modules() if hasattr(m, "num_key_value_groups"))
+    generator = torch.Generator().manual_seed(0)
+    heads, kv_heads = target.config.num_attention_heads, target.config.num_key_value_heads
+    query = torch.randn(1, heads, 3, module.head_dim, generator=generator)
+    keys = torch.randn(1, kv_heads, 9, module.head_dim, generator=generator)
+    values = torch.randn(1, kv_heads, 9, module.head_dim, generator=generator)
+    attend = copy_attention._attention_in_cache_dtype
+    same, _ = attend(module, query.bfloat16(), keys.bfloat16(), values.bfloat16(), None)
+    stock, _ = sdpa_attention_forward(
+        module, query.bfloat16(), keys.bfloat16(), values.bfloat16(), None
+    )
+    assert torch.equal(same, stock)
+    upcast, _ = attend(module, query.bfloat16(), keys, values, None)
+    in_float32, _ = sdpa_attention_forward(module, query.bfloat16().float(), keys, values, None)
+    assert upcast.dtype == torch.bfloat16
+    assert torch.equal(upcast, in_float32.bfloat16())
+    costs = copy_attention.measure_attention(_bf16_copy(target), torch.float32, repeats=2)
+    assert set(costs) == {torch.bfloat16, torch.float32} and min(costs.values()) > 0
