@@ -3,7 +3,7 @@
 #   bash scripts/setup.sh          application environment in .venv
 #   bash scripts/setup.sh --dev    plus the test and lint tools
 #   bash scripts/setup.sh --llamacpp   plus llama-cpp-python, built from source
-#                                      (the bench peer `llamacpp`; 10-15 minutes)
+#                                      (the bench peer `llamacpp`; 5-15 minutes)
 #   VENV=/some/dir bash scripts/setup.sh   another location
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -35,7 +35,7 @@ if [ "$llamacpp" = 1 ]; then
     # build without the AMX and weight-repacking paths: a native build of
     # 0.3.36 crashed in llama_decode on an Intel Xeon with AMX. CMAKE_ARGS
     # set by the caller replace these options (e.g. -DGGML_CUDA=on).
-    echo "building llama-cpp-python from source (10-15 minutes on 2 cores)…"
+    echo "building llama-cpp-python from source (5-15 minutes on 2 cores)…"
     CMAKE_ARGS="${CMAKE_ARGS:--DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF -DGGML_CPU_REPACK=OFF}" \
       "$py" -m pip install -q llama-cpp-python==0.3.36
   fi

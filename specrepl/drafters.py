@@ -111,15 +111,27 @@ def _next_draft(
     generator: torch.Generator | None,
     min_confidence: float,
     laws: list[torch.Tensor],
+    *,
+    token_ids: torch.Tensor | None = None,
+    vocab_size: int = 0,
 ) -> torch.Tensor | None:
-    """The next draft token (shape (1,)) from a drafter's logits over the
-    vocabulary: the argmax (greedy), or a sample from `processor`'s law, which
-    is appended to `laws` for the rejection test. None when the drafter's top
-    probability is below `min_confidence` (the draft stops there)."""
+    """The next draft token (shape (1,)) from a drafter's logits: the argmax
+    (greedy), or a sample from `processor`'s law over the vocabulary, which is
+    appended to `laws` for the rejection test. None when the drafter's top
+    probability is below `min_confidence` (the draft stops there).
+
+    `logits` cover the whole vocabulary, or only `token_ids` (a head's
+    subset: q is zero elsewhere, and only a sampled law is widened to
+    `vocab_size`)."""
     if processor.is_greedy:
         if min_confidence > 0 and float(torch.softmax(logits, -1).max()) < min_confidence:
             return None
-        return torch.argmax(logits, dim=-1, keepdim=True)
+        index = torch.argmax(logits, dim=-1, keepdim=True)
+        return index if token_ids is None else token_ids[index]
+    if token_ids is not None:
+        full = logits.new_full((vocab_size,), float("-inf"))
+        full[token_ids] = logits
+        logits = full
     probs = processor.probabilities(logits)
     if min_confidence > 0 and float(probs.max()) < min_confidence:
         return None
@@ -186,6 +198,8 @@ class ModelDrafter:
         self._kept = PromptCache()  # the cache between generations, with keep_between_prompts
         self.cache_dtype = cache_dtype
         """The dtype the target's keys and values are kept in (None: not decided yet)."""
+        if cache_dtype is not None and cache_dtype != model.dtype:
+            self._attend_in(cache_dtype)
 
     def begin(self, prompt: torch.Tensor, vocab_size: int) -> None:
         """A `window` lets the drafter read only the prompt's last `window`
@@ -272,10 +286,13 @@ class ModelDrafter:
             if source != own and self.device.type == "cpu":
                 costs = measure_attention(self.model, source)
                 if costs and costs[source] < costs[own]:
-                    self.cache_dtype = source
-        if self.cache_dtype == source != own and not attend_in_cache_dtype(self.model):
-            self.cache_dtype = own
+                    self._attend_in(source)
         return self.cache_dtype if self.cache_dtype == source else own
+
+    def _attend_in(self, dtype: torch.dtype) -> None:
+        """Keep the copied keys and values in `dtype` and attend in it, if the
+        model's attention can (else keep casting them to the model's dtype)."""
+        self.cache_dtype = dtype if attend_in_cache_dtype(self.model) else self.model.dtype
 
 
 class HeadDrafter:
@@ -356,10 +373,15 @@ class HeadDrafter:
         laws: list[torch.Tensor] = []
         position = self.real
         for index in range(k):
-            subset = head.logits(hidden[0, 0]).float()
-            logits = subset.new_full((self.vocab_size,), float("-inf"))
-            logits[head.token_ids] = subset  # q is zero outside the head's vocabulary
-            token = _next_draft(logits, processor, generator, min_confidence, laws)
+            token = _next_draft(
+                head.logits(hidden[0, 0]).float(),
+                processor,
+                generator,
+                min_confidence,
+                laws,
+                token_ids=head.token_ids,
+                vocab_size=self.vocab_size,
+            )
             if token is None:
                 break
             token = token.to(device)

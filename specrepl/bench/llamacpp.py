@@ -59,8 +59,6 @@ class LlamaCpp:
     """The loaded GGUF file: `plain` decodes one token per step, `lookup` (built
     with the binding's prompt-lookup draft model) verifies drafts in batches."""
 
-    path: Path
-    threads: int
     plain: Any
     lookup: Any
     version: str
@@ -146,8 +144,6 @@ def open_llamacpp(
             f"llama-cpp-python could not load {path.name}: {error}"
         ) from error
     return LlamaCpp(
-        path=path,
-        threads=threads,
         plain=plain,
         lookup=lookup,
         version=str(getattr(llama_cpp, "__version__", "unknown")),

@@ -564,9 +564,6 @@ class Benchmark:
         """New tokens every method may make: the limit, or what the context leaves."""
         return min(self.options.max_new_tokens, self.pair.context_length - prompt_tokens)
 
-    def methods_of(self, family: str) -> list[Method]:
-        return [method for method in self.methods if method.family == family]
-
     def max_gamma(self) -> int:
         return max((self.options.gamma.gamma, *self.options.sweep))
 
@@ -621,7 +618,6 @@ class Benchmark:
             run = self._run_or_drop(method, ids, budget, seed, prompt.key)
             if run is not None:
                 runs[method.name] = run
-        runs = {name: run for name, run in runs.items() if name not in self.unavailable}
         self._compare(runs)
         record = PromptRecord(
             prompt=prompt,
@@ -665,7 +661,7 @@ class Benchmark:
                 if on_progress is not None:
                     on_progress(0, total, "compiling the hf-compiled peer")
                 self.compile_peer(prompts[0])
-            if on_progress is not None and self.methods_of("llamacpp"):
+            if on_progress is not None and any(m.family == "llamacpp" for m in self.methods):
                 on_progress(0, total, "loading the llama.cpp peer")
             self.open_llamacpp_peer()
             total = self.total_runs(prompts)
