@@ -121,6 +121,8 @@ class ShowModels:
     pair: ModelPair
     head: dict[str, Any] | None = None
     """The draft head in use, if any: its head.json plus "path"."""
+    runtime: str | None = None
+    """What runs the drafter model and why, once chosen (`ChatSession.runtime_summary`)."""
 
 
 @dataclass(frozen=True)
@@ -583,6 +585,9 @@ def _drafter_argument(setting: str, help: str, *kinds: str) -> Argument:
         _drafter_argument(
             "drafter_window", "prompt tokens the model drafter reads (0: all)", "model", "hybrid"
         ),
+        _drafter_argument(
+            "drafter_runtime", "torch, llamacpp or auto (the cheaper, timed)", "model", "hybrid"
+        ),
         _drafter_argument("drafter_head", "a draft head directory, or embedded", "head", "hybrid"),
     ),
     current=lambda session: {_KIND: session.settings.drafter_kind},
@@ -656,7 +661,7 @@ def _config(session: ChatSession, values: Mapping[str, Any]) -> CommandResult:
 
 @REGISTRY.command("models", help="show the loaded target and drafter", needs_models=True)
 def _models(session: ChatSession, values: Mapping[str, Any]) -> CommandResult:
-    return ShowModels(session.pair, session.head_summary())
+    return ShowModels(session.pair, session.head_summary(), session.runtime_summary())
 
 
 @REGISTRY.command(

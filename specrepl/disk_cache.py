@@ -1,6 +1,6 @@
 """What specrepl keeps on disk, and `python infer.py cache` to see and clear it.
 
-Four kinds of state outlive a run, all of them re-computable:
+Five kinds of state outlive a run, all of them re-computable:
 
 - `models`: converted copies of GGUF models (`<cache>/gguf/`, see
   gguf_cache.py), checked here as on every load;
@@ -8,7 +8,10 @@ Four kinds of state outlive a run, all of them re-computable:
   (`<cache>/widths.json`, see widths.py);
 - `distill`: the prompts, answer shards and training checkpoints of
   `distill` runs (`<cache>/distill/<target fingerprint>/`);
-- `history`: the REPL's prompt history.
+- `history`: the REPL's prompt history;
+- `llamacpp`: whether llama.cpp ran a GGUF file here without crashing, per
+  binding build, CPU and file (`<cache>/llamacpp-trials.json`, see
+  llamacpp.py); cleared, the trial runs again.
 
 `<cache>` is `$SPECREPL_CACHE_DIR`, else `$XDG_CACHE_HOME/specrepl`, else
 `~/.cache/specrepl`. Hugging Face hub downloads are not ours: they live in the
@@ -32,13 +35,14 @@ from rich.table import Table
 
 from .distill_train import CHECKPOINT_FILE
 from .gguf_cache import PARTIAL_PREFIX, cache_root, check_copy, discard
+from .llamacpp import TRIALS_FILE
 from .render import format_bytes
 from .signals import EXIT_INTERRUPTED
 from .widths import MAX_PLAN_AGE_DAYS
 
 __all__ = ["KINDS", "StoredItem", "add_arguments", "clear", "run", "stored_items"]
 
-KINDS = ("models", "widths", "distill", "history")
+KINDS = ("models", "widths", "distill", "history", "llamacpp")
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
 
@@ -65,7 +69,7 @@ def stored_items() -> list[StoredItem]:
     if history.is_file():
         lines = _count_lines(history)
         items.append(StoredItem("history", history, _size(history), f"{lines} lines"))
-    return items
+    return items + _llamacpp_trials(root / TRIALS_FILE)
 
 
 def clear(kinds: Sequence[str]) -> list[StoredItem]:
@@ -120,6 +124,23 @@ def _width_plans(store: Path) -> list[StoredItem]:
     return [StoredItem("widths", store, _size(store), state, old == 0)]
 
 
+def _llamacpp_trials(store: Path) -> list[StoredItem]:
+    if not store.is_file():
+        return []
+    try:
+        data = json.loads(store.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        data = None
+    if not isinstance(data, dict):
+        state = "not readable (tried again and rewritten when llama.cpp is next used)"
+        return [StoredItem("llamacpp", store, _size(store), state, False)]
+    failed = sum(1 for entry in data.values() if isinstance(entry, dict) and not entry.get("ok"))
+    state = f"{len(data)} trial{'s' if len(data) != 1 else ''} of llama.cpp"
+    if failed:
+        state += f", {failed} failed (llama.cpp is not used for those)"
+    return [StoredItem("llamacpp", store, _size(store), state)]
+
+
 def _distill_runs(directory: Path) -> list[StoredItem]:
     items = []
     for entry in sorted(directory.iterdir()) if directory.is_dir() else []:
@@ -158,7 +179,7 @@ def _count_lines(path: Path) -> int:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = (
         "List what specrepl keeps on disk (converted models, width timings, distill "
-        "runs, prompt history), its size and state, or clear all or part of it. "
+        "runs, prompt history, llama.cpp trials), its size and state, or clear all or part of it. "
         f"Everything is re-computed when needed. The cache directory: {cache_root()}"
     )
     parser.add_argument(

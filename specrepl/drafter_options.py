@@ -11,9 +11,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["DRAFTER_KINDS", "DrafterOptions"]
+__all__ = ["DRAFTER_KINDS", "DRAFTER_RUNTIMES", "DrafterOptions"]
 
 DRAFTER_KINDS = ("model", "ngram", "lookup", "hybrid", "head")
+
+DRAFTER_RUNTIMES = ("auto", "torch", "llamacpp")
+"""What runs the drafter model (`llamacpp_drafter.choose_runtime`): "auto"
+measures both where llama.cpp can run the model's GGUF file and keeps the
+cheaper; "torch" and "llamacpp" force one."""
 
 
 @dataclass(frozen=True)
@@ -31,6 +36,8 @@ class DrafterOptions:
     """The longest suffix prompt lookup searches for."""
     window: int = 0
     """The model drafter reads the prompt's last `window` tokens (0: all)."""
+    runtime: str = "auto"
+    """What runs the drafter model: one of DRAFTER_RUNTIMES."""
     min_match: int = 2
     head: str | None = None
     """A draft head directory (or "embedded"): the `head` kind drafts with it,

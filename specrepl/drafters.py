@@ -105,7 +105,7 @@ def is_copy_of(model: PreTrainedModel, target: PreTrainedModel) -> bool:
     return len(devices) <= 1 and target_fingerprint(model) == target_fingerprint(target)
 
 
-def _next_draft(
+def next_draft(
     logits: torch.Tensor,
     processor: LogitsProcessor,
     generator: torch.Generator | None,
@@ -139,7 +139,9 @@ def _next_draft(
     return processor.sample(probs, generator).reshape(1)
 
 
-def _draft(tokens: list[torch.Tensor], laws: list[torch.Tensor], sequence: torch.Tensor) -> Draft:
+def collect_draft(
+    tokens: list[torch.Tensor], laws: list[torch.Tensor], sequence: torch.Tensor
+) -> Draft:
     """The drafted tokens and their laws (none for greedy) on the sequence's device."""
     if not tokens:
         return Draft(sequence.new_empty(0), None)
@@ -246,12 +248,12 @@ class ModelDrafter:
         laws: list[torch.Tensor] = []
         for _ in range(k):
             logits = forward_logits(self.model, context, self.cache, 1, self.vocab_size)[0]
-            token = _next_draft(logits, processor, generator, min_confidence, laws)
+            token = next_draft(logits, processor, generator, min_confidence, laws)
             if token is None:
                 break
             tokens.append(token)
             context = torch.cat((context, token))
-        return _draft(tokens, laws, sequence)
+        return collect_draft(tokens, laws, sequence)
 
     def update(
         self,
@@ -373,7 +375,7 @@ class HeadDrafter:
         laws: list[torch.Tensor] = []
         position = self.real
         for index in range(k):
-            token = _next_draft(
+            token = next_draft(
                 head.logits(hidden[0, 0]).float(),
                 processor,
                 generator,
@@ -391,7 +393,7 @@ class HeadDrafter:
                     hidden, token[None], torch.tensor([[position]], device=device), self.cache
                 )
                 position += 1
-        return _draft(drafted, laws, sequence)
+        return collect_draft(drafted, laws, sequence)
 
     def update(
         self,
@@ -607,7 +609,7 @@ class HybridDrafter:
 
     def __init__(
         self,
-        model: ModelDrafter | HeadDrafter,
+        model: Drafter,
         lookup: LookupDrafter,
         *,
         min_match: int = 2,
@@ -619,7 +621,7 @@ class HybridDrafter:
         self.lookup = LookupDrafter(lookup.max_ngram, max(min_match, lookup.min_ngram))
         self.name = "hybrid"
         self.width = model.width
-        self.uses_target_features = model.uses_target_features
+        self.uses_target_features = getattr(model, "uses_target_features", False)
         self.uses_target_cache = getattr(model, "uses_target_cache", False)
         self.cost_ratio = cost_ratio
         self.last_source = "none"
@@ -639,7 +641,9 @@ class HybridDrafter:
         return self.model.features_held() if isinstance(self.model, HeadDrafter) else 0
 
     def forget(self) -> None:
-        self.model.forget()
+        forget = getattr(self.model, "forget", None)
+        if forget is not None:
+            forget()
 
     def propose(
         self,
@@ -696,10 +700,14 @@ def build_drafter(
     use_cache: bool = True,
     keep_between_prompts: bool = False,
     copy_of_target: bool = False,
+    model_runtime: Drafter | None = None,
 ) -> Drafter:
     """The drafter `options` describe; `model` is the drafter model, needed by
     the `model` kind and by `hybrid` without a head; `head` the loaded draft
     head, needed by the `head` kind and by `hybrid` with one.
+    `model_runtime`: a drafter that runs the drafter model elsewhere (the
+    llama.cpp drafter, see `llamacpp_drafter.choose_runtime`), used in place
+    of a torch `ModelDrafter` over `model`.
     `keep_between_prompts`: a model or head drafter keeps its cache from one
     generation to the next (a chat). `copy_of_target`: `model` is a copy of the
     target (`is_copy_of`; a loaded pair knows it as `drafter_is_copy`), so the
@@ -716,11 +724,13 @@ def build_drafter(
         raise ValueError(
             f"unknown drafter kind {options.kind!r}; choose one of: {', '.join(DRAFTER_KINDS)}"
         )
-    inner: ModelDrafter | HeadDrafter
+    inner: Drafter
     if options.needs_head:
         if head is None:
             raise ValueError(f"the {options.kind} drafter needs a draft head, and none is loaded")
         inner = HeadDrafter(head, keep_between_prompts=keep_between_prompts)
+    elif model_runtime is not None:
+        inner = model_runtime
     else:
         if model is None:
             raise ValueError(

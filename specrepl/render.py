@@ -437,7 +437,7 @@ class Renderer:
 
     @show.register
     def _(self, result: ShowModels) -> None:
-        self.console.print(self._models_table(result.pair, result.head))
+        self.console.print(self._models_table(result.pair, result.head, result.runtime))
 
     @show.register
     def _(self, result: ShowWidths) -> None:
@@ -802,7 +802,9 @@ class Renderer:
 
     # -- models ------------------------------------------------------------
 
-    def _models_table(self, pair: ModelPair, head: dict[str, Any] | None = None) -> RenderableType:
+    def _models_table(
+        self, pair: ModelPair, head: dict[str, Any] | None = None, runtime: str | None = None
+    ) -> RenderableType:
         table = _table()
         table.add_column("", style="bold")
         table.add_column("model")
@@ -824,7 +826,9 @@ class Renderer:
             name = Text(model.name)
             if model.kind != model.name:
                 name.append(f" ({model.kind})", style="dim")
-            if role == "drafter" and pair.drafter_is_copy:
+            if role == "drafter" and runtime is not None:
+                name.append(f" (drafts in {runtime})", style="dim")
+            elif role == "drafter" and pair.drafter_is_copy:
                 name.append(" (a copy of the target: takes its keys and values)", style="dim")
             table.add_row(
                 role,

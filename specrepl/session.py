@@ -51,6 +51,8 @@ from .generation import (
     speculative_generate,
 )
 from .gguf_cache import cache_root
+from .llamacpp import LlamaCppUnavailable
+from .llamacpp_drafter import LlamaCppDrafter, RuntimeChoice, choose_drafter_runtime
 from .processors import UnusableLogitsError
 from .prompt_cache import PromptCache
 from .prompting import (
@@ -116,6 +118,7 @@ class ChatSession:
         if pair.drafter is None:
             settings = settings.without_drafter_model()
         self._heads: dict[str, tuple[DraftHead, dict[str, Any]]] = {}
+        self._runtimes: dict[tuple[str, bool], RuntimeChoice | None] = {}
         self._check_head(settings)
         self.settings = settings
         self._ngram: NgramDrafter | None = None
@@ -144,6 +147,7 @@ class ChatSession:
             self._check_head(updated)
         except HeadLoadError as error:
             raise SettingError(str(error)) from None
+        self.drafter_runtime(updated)  # llamacpp asked for where it cannot run: SettingError
         old = self.settings
         self.settings = updated
         if any(getattr(old, name) != getattr(updated, name) for name in CACHE_SETTINGS):
@@ -424,7 +428,9 @@ class ChatSession:
         # answer would no longer repeat a fresh session's token for token (a copy of
         # the target reads no prompt at all: it takes the target's keys and values)
         keep = settings.use_cache and settings.logits_processor().is_greedy
-        key = (options, settings.use_cache, keep, id(model), id(head))
+        runtime = self.drafter_runtime(settings)
+        llama = None if runtime is None else runtime.llama
+        key = (options, settings.use_cache, keep, id(model), id(head), id(llama))
         if self._kept_drafter is not None and self._kept_drafter[0] == key:
             return self._kept_drafter[1]
         drafter = build_drafter(
@@ -434,10 +440,38 @@ class ChatSession:
             use_cache=settings.use_cache,
             keep_between_prompts=keep,
             copy_of_target=self.pair.drafter_is_copy,
+            model_runtime=None
+            if llama is None
+            else LlamaCppDrafter(llama, keep_between_prompts=keep),
         )
         self._caches["speculative"].drop()
         self._kept_drafter = (key, drafter)
         return drafter
+
+    def drafter_runtime(self, settings: Settings | None = None) -> RuntimeChoice | None:
+        """What runs the drafter model under `settings` (None: no model drafts),
+        chosen once per requested runtime (`llamacpp_drafter.choose_runtime`:
+        "auto" times both runtimes here, ~0.5 s). Raises SettingError when
+        llama.cpp is asked for and cannot run."""
+        settings = settings or self.settings
+        options = settings.drafter_options()
+        drafter = self.pair.drafter
+        if not options.needs_model or drafter is None:
+            return None
+        key = (options.runtime, bool(options.window))
+        if key not in self._runtimes:
+            try:
+                self._runtimes[key] = choose_drafter_runtime(options, drafter.model, drafter.gguf)
+            except LlamaCppUnavailable as error:
+                raise SettingError(f"the drafter cannot run in llama.cpp: {error}") from None
+        return self._runtimes[key]
+
+    def runtime_summary(self) -> str | None:
+        """What runs the drafter model and why, once chosen (None before the
+        first speculative run, or when no model drafts)."""
+        options = self.settings.drafter_options()
+        choice = self._runtimes.get((options.runtime, bool(options.window)))
+        return None if choice is None or not options.needs_model else choice.describe()
 
     def _check_head(self, settings: Settings) -> None:
         """Load the draft head the settings ask for, if any (HeadLoadError if it

@@ -23,7 +23,7 @@ import math
 from dataclasses import Field, asdict, dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any
 
-from .drafter_options import DRAFTER_KINDS, DrafterOptions
+from .drafter_options import DRAFTER_KINDS, DRAFTER_RUNTIMES, DrafterOptions
 from .gamma import POLICIES, GammaPolicy, make_policy
 from .processor_specs import PROCESSOR_NAMES, PROCESSOR_PARAMETERS, describe_processor
 
@@ -215,6 +215,12 @@ class Settings:
         Bound(int, 0, MAX_NEW_TOKENS_MAX),
         "model drafter reads the last N prompt tokens (0: all)",
         drafter="window",
+    )
+    drafter_runtime: str = _setting(
+        "auto",
+        Bound(str, choices=DRAFTER_RUNTIMES),
+        "what runs the drafter model: torch, llamacpp (its GGUF file), or auto (the cheaper)",
+        drafter="runtime",
     )
     drafter_head: str | None = _setting(
         None,

@@ -63,7 +63,7 @@ def test_a_missing_binding_names_the_setup_flag(monkeypatch, tmp_path: Path) -> 
         return None if name == "llama_cpp" else real_find_spec(name, *args, **kwargs)
 
     monkeypatch.setattr(llamacpp.importlib.util, "find_spec", find_spec)
-    with pytest.raises(LlamaCppUnavailable, match=r"scripts/setup\.sh --llamacpp"):
+    with pytest.raises(LlamaCppUnavailable, match=r"scripts/setup\.sh builds it"):
         open_llamacpp(gguf, context_length=64, draft_tokens=4, end_tokens=[0])
     with pytest.raises(LlamaCppUnavailable, match="is missing"):
         open_llamacpp(tmp_path / "gone.gguf", context_length=64, draft_tokens=4, end_tokens=[0])

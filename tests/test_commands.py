@@ -124,7 +124,7 @@ def test_valid_commands_change_exactly_their_settings(
         ("/confidence 1", "confidence must be a number >= 0 and <= 0.99"),
         ("/drafter_kind beam", "kind must be one of model, ngram, lookup"),
         ("/drafter_kind ngram 1", "order must be an integer >= 2"),
-        ("/drafter_kind model 3 4", "unexpected argument '4'"),
+        ("/drafter_kind model 3 torch 4", "unexpected argument '4'"),
         ("/drafter_kind model -1", "window must be an integer >= 0"),
         ("/drafter_kind lookup order=3", "lookup takes no order"),
         ("/ngram maybe", "on must be one of on, off"),

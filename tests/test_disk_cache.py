@@ -17,7 +17,7 @@ from specrepl.gguf_cache import MARKER, PARTIAL_PREFIX
 def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A cache directory of its own (never the test session's shared one), with one
     thing of every kind: a damaged model copy and an unfinished conversion, width
-    plans one of which is old, a distill run and a prompt history."""
+    plans one of which is old, a distill run, a prompt history and llama.cpp trials."""
     root = tmp_path / "cache"
     monkeypatch.setenv("SPECREPL_CACHE_DIR", str(root))
     monkeypatch.setenv("SPECREPL_HISTORY", str(tmp_path / "state" / "history"))
@@ -37,6 +37,8 @@ def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     (run / "shard-00000.pt").write_bytes(b"x" * 300)
     (tmp_path / "state").mkdir()
     (tmp_path / "state" / "history").write_text("\n# t\n+hello\n")
+    trials = {"k1": {"ok": True, "problem": None}, "k2": {"ok": False, "problem": "crashed"}}
+    (root / "llamacpp-trials.json").write_text(json.dumps(trials))
     return root
 
 
@@ -46,13 +48,16 @@ def states(kind: str) -> list[str]:
 
 def test_every_kind_is_listed_with_its_state(cache: Path) -> None:
     items = stored_items()
-    assert {item.kind for item in items} == {"models", "widths", "distill", "history"}
+    assert {item.kind for item in items} == {"models", "widths", "distill", "history", "llamacpp"}
     models = {item.path.name: item for item in items if item.kind == "models"}
     assert not models["model-0123"].healthy and "damaged" in models["model-0123"].state
     assert "unfinished" in models[f"{PARTIAL_PREFIX}model-0123-x"].state
     assert states("widths") == ["2 plans, 1 to be measured again (older than 30 days or undated)"]
     assert states("distill") == ["2 prompts, 1 answer shard"]
     assert states("history") == ["3 lines"]
+    assert states("llamacpp") == [
+        "2 trials of llama.cpp, 1 failed (llama.cpp is not used for those)"
+    ]
     assert sum(item.size for item in items if item.kind == "distill") > 300
 
 
@@ -61,12 +66,19 @@ def test_a_broken_widths_file_is_listed_as_such(cache: Path) -> None:
     assert states("widths") == ["not readable (measured again and rewritten on next start)"]
 
 
+def test_a_broken_trials_file_is_listed_as_such(cache: Path) -> None:
+    (cache / "llamacpp-trials.json").write_text("[1, 2")
+    assert states("llamacpp") == [
+        "not readable (tried again and rewritten when llama.cpp is next used)"
+    ]
+
+
 def test_clear_removes_only_the_kinds_named(cache: Path) -> None:
     removed = clear(["models", "widths"])
     assert {item.kind for item in removed} == {"models", "widths"}
     assert not (cache / "widths.json").exists()
     assert list((cache / "gguf").iterdir()) == []
-    assert {item.kind for item in stored_items()} == {"distill", "history"}
+    assert {item.kind for item in stored_items()} == {"distill", "history", "llamacpp"}
 
 
 def test_the_cache_command_lists_and_clears(
@@ -74,7 +86,7 @@ def test_the_cache_command_lists_and_clears(
 ) -> None:
     assert cli.main(["cache"]) == 0
     listing = capsys.readouterr().out
-    for word in ("models", "widths", "distill", "history", "damaged", "total"):
+    for word in ("models", "widths", "distill", "history", "llamacpp", "damaged", "total"):
         assert word in listing
     # without a terminal to ask on, clearing needs --yes, and nothing changes
     assert cli.main(["cache", "clear", "distill"]) == 2

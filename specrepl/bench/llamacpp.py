@@ -6,8 +6,8 @@ and decoding rule as specrepl: plain decoding, and the binding's own
 prompt-lookup speculative decoding (`LlamaPromptLookupDecoding`, drafting
 gamma tokens), each with as many threads as torch uses.
 
-llama-cpp-python is optional and has no wheel on PyPI: `bash scripts/setup.sh
---llamacpp` builds it. `open_llamacpp` raises `LlamaCppUnavailable` with the
+llama-cpp-python is optional and has no wheel on PyPI: `bash scripts/setup.sh`
+builds it (see `specrepl/llamacpp.py`). `open_llamacpp` raises `LlamaCppUnavailable` with the
 reason (not installed, no GGUF file, does not load) and the benchmark reports
 the peer as unavailable instead of failing.
 
@@ -20,22 +20,15 @@ many prompts match token for token, as for every peer.
 from __future__ import annotations
 
 import importlib
-import importlib.util
-import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..llamacpp import INSTALL_HINT, LlamaCppUnavailable, import_llamacpp, open_gguf
 from ..processors import LogitsProcessor
 
 __all__ = ["INSTALL_HINT", "LlamaCpp", "LlamaCppUnavailable", "open_llamacpp", "sampling_options"]
-
-INSTALL_HINT = "bash scripts/setup.sh --llamacpp"
-
-
-class LlamaCppUnavailable(Exception):
-    """The llama.cpp peer cannot run here; the message says why."""
 
 
 def sampling_options(processor: LogitsProcessor) -> dict[str, Any]:
@@ -89,17 +82,6 @@ class LlamaCpp:
         return tokens
 
 
-def _gguf_problem(path: Path | None) -> str | None:
-    if path is None:
-        return (
-            "it runs a GGUF file and the target was not loaded from one "
-            "(use the embedded target or a .gguf file as --target)"
-        )
-    if not path.is_file():
-        return f"the target's GGUF file {path} is missing"
-    return None
-
-
 def open_llamacpp(
     path: Path | None,
     *,
@@ -110,39 +92,22 @@ def open_llamacpp(
 ) -> LlamaCpp:
     """Load the GGUF file twice (plain and with prompt lookup), or raise
     `LlamaCppUnavailable` saying why it cannot run here."""
-    problem = _gguf_problem(path)
-    if problem is not None:
-        raise LlamaCppUnavailable(problem)
-    assert path is not None
-    if importlib.util.find_spec("llama_cpp") is None:
-        raise LlamaCppUnavailable(f"llama-cpp-python is not installed ({INSTALL_HINT} builds it)")
+    plain = open_gguf(path, context_length=context_length, threads=threads)
+    llama_cpp = import_llamacpp()
     try:
-        llama_cpp = importlib.import_module("llama_cpp")
         speculative = importlib.import_module("llama_cpp.llama_speculative")
     except Exception as error:  # a broken build fails in many ways, all of them here
         raise LlamaCppUnavailable(f"llama-cpp-python does not import: {error}") from error
-    threads = threads or max(1, (os.cpu_count() or 1))
-    options = {
-        "n_ctx": context_length,
-        "n_threads": threads,
-        "n_threads_batch": threads,
-        "verbose": False,
-    }
-    try:
-        plain = llama_cpp.Llama(model_path=str(path), **options)
-        # A draft model makes the binding keep every position's logits, but it sizes
-        # its logits array by the argument: without logits_all=True, a prompt
-        # longer than one batch (512 tokens) overflows it (0.3.36).
-        lookup = llama_cpp.Llama(
-            model_path=str(path),
-            draft_model=speculative.LlamaPromptLookupDecoding(num_pred_tokens=draft_tokens),
-            logits_all=True,
-            **options,
-        )
-    except Exception as error:
-        raise LlamaCppUnavailable(
-            f"llama-cpp-python could not load {path.name}: {error}"
-        ) from error
+    # A draft model makes the binding keep every position's logits, but it sizes
+    # its logits array by the argument: without logits_all=True, a prompt
+    # longer than one batch (512 tokens) overflows it (0.3.36).
+    lookup = open_gguf(
+        path,
+        context_length=context_length,
+        threads=threads,
+        draft_model=speculative.LlamaPromptLookupDecoding(num_pred_tokens=draft_tokens),
+        logits_all=True,
+    )
     return LlamaCpp(
         plain=plain,
         lookup=lookup,

@@ -31,6 +31,7 @@ from ..draft_head import HeadLoadError, load_head, resolve_head
 from ..drafters import DRAFTER_KINDS, Drafter, DrafterOptions, build_drafter
 from ..gamma import FixedGamma, GammaPolicy, make_policy
 from ..generation import autoregressive_generate, speculative_generate
+from ..llamacpp_drafter import LlamaCppDrafter, RuntimeChoice, choose_drafter_runtime
 from ..models import ModelPair
 from ..processors import LogitsProcessor
 from ..prompting import prompt_ids
@@ -185,6 +186,8 @@ class Benchmark:
     def __init__(self, pair: ModelPair, options: BenchOptions) -> None:
         self.pair = pair
         self.options = options
+        self.drafter_runtime: RuntimeChoice | None = None
+        """What runs the drafter model, once `_make_drafter` has chosen."""
         self.drafter = self._make_drafter()
         self.methods = self._make_methods()
         self.records: list[PromptRecord] = []
@@ -218,18 +221,28 @@ class Benchmark:
                 head, _ = load_head(resolve_head(options.head), self.pair.target.model)
             except HeadLoadError as error:
                 raise BenchError(str(error)) from None
+        gguf = self.pair.drafter.gguf if self.pair.drafter is not None else None
+        try:
+            self.drafter_runtime = choose_drafter_runtime(options, model, gguf)
+        except LlamaCppUnavailable as error:
+            raise BenchError(f"the drafter cannot run in llama.cpp: {error}") from None
+        llama = None if self.drafter_runtime is None else self.drafter_runtime.llama
         return build_drafter(
             options,
             model,
             head=head,
             use_cache=self.options.use_cache,
             copy_of_target=self.pair.drafter_is_copy,
+            model_runtime=None if llama is None else LlamaCppDrafter(llama),
         )
 
     def _make_methods(self) -> list[Method]:
         options = self.options
         spec = options.gamma
         kind = options.drafter_kind
+        drafting: dict[str, Any] = {"drafter_kind": kind}
+        if self.drafter_runtime is not None:
+            drafting["drafter_runtime"] = self.drafter_runtime.describe()
         methods = [
             Method(TARGET, "specrepl target-only", "specrepl"),
             Method(
@@ -237,7 +250,7 @@ class Benchmark:
                 f"specrepl speculative ({kind}, γ {spec.describe()})",
                 "specrepl",
                 speculative=True,
-                settings={"drafter_kind": kind, "gamma_policy": spec.policy, "gamma": spec.gamma},
+                settings={**drafting, "gamma_policy": spec.policy, "gamma": spec.gamma},
             ),
         ]
         methods += [
@@ -247,7 +260,7 @@ class Benchmark:
                 "specrepl",
                 speculative=True,
                 sweep_gamma=gamma,
-                settings={"drafter_kind": kind, "gamma_policy": "fixed", "gamma": gamma},
+                settings={**drafting, "gamma_policy": "fixed", "gamma": gamma},
             )
             for gamma in options.sweep
         ]

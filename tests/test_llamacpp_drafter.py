@@ -1,0 +1,367 @@
+"""The llama.cpp drafter: the drafter model's GGUF file run in llama.cpp, with
+the target verifying in torch. Greedy output equals the target's token for
+token (every gamma, policy and cache setting), sampling follows the target's
+exact law, rollback and a chat's kept prefix hold, and the runtime is chosen
+by measured cost, never by a constant.
+
+The tests that run llama.cpp need llama-cpp-python (`bash scripts/setup.sh`
+builds it); they are skipped without it, unless SPECREPL_REQUIRE_LLAMACPP=1
+(as in CI), where its absence fails them.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from scipy import stats
+
+import specrepl.llamacpp as llamacpp
+import specrepl.llamacpp_drafter as llamacpp_drafter
+from specrepl.drafter_options import DrafterOptions
+from specrepl.drafters import HybridDrafter, LookupDrafter, build_drafter
+from specrepl.gamma import make_policy
+from specrepl.generation import autoregressive_generate, speculative_generate
+from specrepl.llamacpp import LlamaCppUnavailable, open_gguf
+from specrepl.llamacpp_drafter import LlamaCppDrafter, choose_drafter_runtime, choose_runtime
+from specrepl.models import ModelPair, embedded_gguf_path
+from specrepl.processors import GreedyProcessor, TopKProcessor
+from specrepl.prompt_cache import PromptCache
+from specrepl.prompting import prompt_ids
+from specrepl.settings import SettingError
+
+HAS_LLAMA_CPP = importlib.util.find_spec("llama_cpp") is not None
+REQUIRED = os.environ.get("SPECREPL_REQUIRE_LLAMACPP") == "1"
+
+PROMPTS = (
+    "Name three colours of the rainbow.",
+    "Write a short sentence about the sea, then repeat it.",
+)
+
+
+@pytest.fixture(scope="module")
+def llama():
+    if not HAS_LLAMA_CPP:
+        if REQUIRED:
+            pytest.fail("llama-cpp-python is not installed and SPECREPL_REQUIRE_LLAMACPP=1")
+        pytest.skip("llama-cpp-python is not installed (bash scripts/setup.sh builds it)")
+    return open_gguf(embedded_gguf_path(), context_length=2048, threads=torch.get_num_threads())
+
+
+def ids_of(pair: ModelPair, text: str) -> list[int]:
+    return prompt_ids(pair.tokenizer, text, chat=True, system_prompt=None)
+
+
+@pytest.mark.parametrize("gamma", [1, 3, 8, "auto"])
+@pytest.mark.parametrize("use_cache", [True, False])
+def test_greedy_output_is_the_targets(embedded_pair: ModelPair, llama, gamma, use_cache) -> None:
+    target = embedded_pair.target.model
+    options = embedded_pair.generation_options(use_cache=use_cache)
+    for text in PROMPTS:
+        ids = ids_of(embedded_pair, text)
+        reference = autoregressive_generate(ids, target, max_gen_len=24, **options)
+        policy = make_policy("auto", 8) if gamma == "auto" else gamma
+        drafter = LlamaCppDrafter(llama)
+        result = speculative_generate(ids, drafter, target, gamma=policy, max_gen_len=24, **options)
+        assert result.token_ids == reference.token_ids
+        assert result.accepted > 0  # the same weights in 4 bits: most drafts are right
+        # what llama.cpp holds is a prefix of the answer, never a rejected draft
+        held = drafter.held()
+        assert held == (ids + result.token_ids)[: len(held)]
+
+
+def test_hybrid_with_llamacpp_keeps_the_target_output(embedded_pair: ModelPair, llama) -> None:
+    target = embedded_pair.target.model
+    options = embedded_pair.generation_options(use_cache=True)
+    drafter = build_drafter(
+        DrafterOptions(kind="hybrid"),
+        embedded_pair.drafter.model,
+        model_runtime=LlamaCppDrafter(llama),
+    )
+    assert isinstance(drafter, HybridDrafter)
+    ids = ids_of(embedded_pair, "Repeat after me: the quick brown fox jumps over the lazy dog.")
+    reference = autoregressive_generate(ids, target, max_gen_len=32, **options)
+    result = speculative_generate(
+        ids, drafter, target, gamma=make_policy("auto", 8), max_gen_len=32, **options
+    )
+    assert result.token_ids == reference.token_ids
+
+
+class CountingLlama:
+    """The real llama, counting the tokens each `eval` feeds."""
+
+    def __init__(self, llama) -> None:
+        self.inner = llama
+        self.fed: list[int] = []
+
+    def eval(self, tokens) -> None:
+        self.fed.append(len(tokens))
+        self.inner.eval(tokens)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def __setattr__(self, name, value) -> None:
+        if name in ("inner", "fed"):
+            object.__setattr__(self, name, value)
+        else:
+            setattr(self.inner, name, value)
+
+
+def test_a_kept_chat_prefix_is_not_read_again(embedded_pair: ModelPair, llama) -> None:
+    target = embedded_pair.target.model
+    options = embedded_pair.generation_options(use_cache=True)
+    counting = CountingLlama(llama)
+    drafter = LlamaCppDrafter(counting, keep_between_prompts=True)
+    first = ids_of(embedded_pair, PROMPTS[0])
+    answer = speculative_generate(first, drafter, target, gamma=4, max_gen_len=12, **options)
+    second = (
+        first
+        + answer.token_ids
+        + [int(t) for t in embedded_pair.tokenizer.encode(" And two more?")]
+    )
+    counting.fed.clear()
+    reference = autoregressive_generate(second, target, max_gen_len=12, **options)
+    result = speculative_generate(second, drafter, target, gamma=4, max_gen_len=12, **options)
+    assert result.token_ids == reference.token_ids
+    # the first read covers only what the last generation did not leave behind
+    assert counting.fed[0] < len(second) - len(first) + 2
+    # without keeping, a new generation reads its whole prompt
+    fresh = LlamaCppDrafter(counting)
+    counting.fed.clear()
+    speculative_generate(second, fresh, target, gamma=4, max_gen_len=4, **options)
+    assert counting.fed[0] == len(second)
+
+
+def test_forget_empties_the_state(llama) -> None:
+    drafter = LlamaCppDrafter(llama, keep_between_prompts=True)
+    drafter.begin(torch.tensor([1, 2, 3]), drafter.width)
+    drafter.propose(torch.tensor([1, 2, 3]), 2, GreedyProcessor(), None)
+    assert drafter.held()
+    drafter.forget()
+    assert drafter.held() == []
+
+
+def test_drafts_stop_at_the_end_of_llamas_context(embedded_pair: ModelPair) -> None:
+    if not HAS_LLAMA_CPP:
+        pytest.skip("llama-cpp-python is not installed")
+    small = open_gguf(embedded_gguf_path(), context_length=32, threads=1)
+    drafter = LlamaCppDrafter(small)
+    end = drafter.context
+    assert end == 32
+    drafter.begin(torch.arange(end - 2), drafter.width)
+    assert len(drafter.propose(torch.arange(end - 2), 8, GreedyProcessor(), None)) == 3
+    assert len(drafter.propose(torch.arange(end + 5), 8, GreedyProcessor(), None)) == 0
+
+
+def test_sampling_follows_the_targets_exact_law(embedded_pair: ModelPair, llama) -> None:
+    """Two sampled tokens under top-3 at temperature 2 (nine outcomes): the
+    speculative samples against the law enumerated from the target."""
+    target = embedded_pair.target.model
+    processor = TopKProcessor(temperature=2.0, top_k=3)
+    ids = ids_of(embedded_pair, "Pick a random word.")
+    with torch.no_grad():
+        first = processor.probabilities(target(input_ids=torch.tensor([ids])).logits[0, -1])
+        law = {}
+        for a in torch.nonzero(first).flatten().tolist():
+            second = processor.probabilities(
+                target(input_ids=torch.tensor([[*ids, a]])).logits[0, -1]
+            )
+            for b in torch.nonzero(second).flatten().tolist():
+                law[(a, b)] = float(first[a] * second[b])
+    assert len(law) == 9
+    # both sides read the prompt once: llama.cpp keeps it, the target's cache is kept
+    drafter = LlamaCppDrafter(llama, keep_between_prompts=True)
+    kept = PromptCache()
+    generator = torch.Generator().manual_seed(0)
+    samples = 500
+    counts: dict[tuple[int, ...], int] = {}
+    accepted = drafted = 0
+    options = embedded_pair.generation_options(use_cache=True)
+    for _ in range(samples):
+        result = speculative_generate(
+            ids, drafter, target, logits_processor=processor, gamma=2, max_gen_len=2,
+            generator=generator, prompt_cache=kept, **options,
+        )  # fmt: skip
+        key = tuple(result.token_ids)
+        counts[key] = counts.get(key, 0) + 1
+        accepted, drafted = accepted + result.accepted, drafted + result.drafted
+    assert set(counts) <= set(law)
+    assert 0.05 < accepted / drafted < 0.98, "drafts must be rejected sometimes to test much"
+    outcomes = sorted(law)
+    observed = [counts.get(o, 0) for o in outcomes]
+    expected = [law[o] * samples / sum(law.values()) for o in outcomes]
+    assert stats.chisquare(observed, expected).pvalue > 1e-3
+    total_variation = 0.5 * sum(
+        abs(c / samples - e / samples) for c, e in zip(observed, expected, strict=True)
+    )
+    assert total_variation < 0.08
+
+
+def test_torch_is_kept_when_asked_or_when_there_is_no_gguf_file(pair: ModelPair) -> None:
+    model = pair.drafter.model
+    assert choose_runtime("torch", model, None).llama is None
+    auto = choose_runtime("auto", model, None)
+    assert auto.llama is None and "GGUF" in auto.reason
+    with pytest.raises(LlamaCppUnavailable, match="GGUF"):
+        choose_runtime("llamacpp", model, None)
+    with pytest.raises(ValueError, match="runtime must be one of"):
+        choose_runtime("fast", model, None)
+
+
+def test_a_prompt_window_is_torchs(pair: ModelPair, tmp_path: Path) -> None:
+    model = pair.drafter.model
+    windowed = DrafterOptions(kind="model", window=16)
+    assert choose_drafter_runtime(windowed, model, tmp_path / "x.gguf").llama is None
+    with pytest.raises(LlamaCppUnavailable, match="window"):
+        choose_drafter_runtime(
+            DrafterOptions(kind="model", window=16, runtime="llamacpp"), model, None
+        )
+    assert choose_drafter_runtime(DrafterOptions(kind="lookup"), model, None) is None
+
+
+@pytest.mark.parametrize("cheaper", ["llamacpp", "torch"])
+def test_auto_keeps_the_runtime_measured_cheaper(
+    embedded_pair: ModelPair, llama, monkeypatch, cheaper
+) -> None:
+    fast, slow = 0.01, 0.03
+    monkeypatch.setattr(llamacpp_drafter, "open_gguf", lambda *a, **k: llama)
+    monkeypatch.setattr(
+        llamacpp_drafter, "llama_step_seconds", lambda _: fast if cheaper == "llamacpp" else slow
+    )
+    monkeypatch.setattr(
+        llamacpp_drafter, "measure_widths", lambda *_: {1: slow if cheaper == "llamacpp" else fast}
+    )
+    drafter = embedded_pair.drafter
+    choice = choose_runtime("auto", drafter.model, drafter.gguf)
+    assert choice.runtime == cheaper
+    assert choice.seconds == (
+        {"llamacpp": fast, "torch": slow}
+        if cheaper == "llamacpp"
+        else {"llamacpp": slow, "torch": fast}
+    )
+
+
+def test_the_step_timing_measures_and_leaves_the_state_empty(llama) -> None:
+    seconds = llamacpp_drafter.llama_step_seconds(llama, context=16, repeats=2)
+    assert 0 < seconds < 5
+    assert llama.n_tokens == 0
+
+
+def test_the_session_refuses_llamacpp_for_a_drafter_without_gguf(pair: ModelPair) -> None:
+    from specrepl.session import ChatSession
+    from specrepl.settings import Settings
+
+    session = ChatSession(pair, Settings(drafter_kind="model"))
+    with pytest.raises(SettingError, match=r"cannot run in llama\.cpp"):
+        session.update(drafter_runtime="llamacpp")
+    assert session.settings.drafter_runtime == "auto"  # nothing changed
+    assert session.drafter_runtime().llama is None  # auto: torch, and says why
+    assert "GGUF" in session.runtime_summary()
+
+
+def test_the_session_drafts_in_llamacpp_when_asked(
+    embedded_pair: ModelPair, llama, monkeypatch
+) -> None:
+    from specrepl.session import ChatSession
+    from specrepl.settings import Settings
+
+    monkeypatch.setattr(llamacpp_drafter, "open_gguf", lambda *a, **k: llama)
+    session = ChatSession(
+        embedded_pair, Settings(drafter_kind="hybrid", drafter_runtime="llamacpp")
+    )
+    drafter = session._drafter(session.settings)
+    assert isinstance(drafter, HybridDrafter) and isinstance(drafter.model, LlamaCppDrafter)
+    assert session.runtime_summary().startswith("llama.cpp")
+    session.update(drafter_runtime="torch")
+    assert not isinstance(session._drafter(session.settings).model, LlamaCppDrafter)
+
+
+def test_hybrid_forgets_what_llamacpp_holds(llama) -> None:
+    inner = LlamaCppDrafter(llama, keep_between_prompts=True)
+    hybrid = HybridDrafter(inner, LookupDrafter(3))
+    assert hybrid.width == inner.width and not hybrid.uses_target_features
+    hybrid.begin(torch.tensor([5, 6, 7]), inner.width)
+    inner.propose(torch.tensor([5, 6, 7]), 2, GreedyProcessor(), None)
+    assert inner.held()
+    hybrid.forget()
+    assert inner.held() == []
+
+
+# -- the trial in a child process ----------------------------------------------------
+
+
+@pytest.fixture
+def trials(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A cache directory of its own, and no verdict remembered in this process."""
+    monkeypatch.setenv("SPECREPL_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(llamacpp, "_TRIED", {})
+    return tmp_path / "cache" / llamacpp.TRIALS_FILE
+
+
+def some_file(tmp_path: Path) -> Path:
+    path = tmp_path / "model.gguf"
+    path.write_bytes(b"GGUF" + bytes(range(256)) * 8)
+    return path
+
+
+def test_a_crash_in_the_trial_keeps_llamacpp_out(
+    trials: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pair: ModelPair
+) -> None:
+    # the child dies as a native crash would, by a signal
+    monkeypatch.setattr(
+        llamacpp, "_TRIAL", "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)"
+    )
+    path = some_file(tmp_path)
+    problem = llamacpp.trial_problem(path)
+    assert (
+        problem is not None and "crashed (SIGSEGV)" in problem and "cache clear llamacpp" in problem
+    )
+    stored = json.loads(trials.read_text())
+    assert [entry["ok"] for entry in stored.values()] == [False]
+    # remembered on disk: a new process does not run the trial again
+    monkeypatch.setattr(llamacpp, "_TRIED", {})
+    monkeypatch.setattr(llamacpp.subprocess, "run", lambda *a, **k: pytest.fail("ran again"))
+    assert llamacpp.trial_problem(path) == problem
+    if HAS_LLAMA_CPP:  # open_gguf refuses the file, and auto drafts in torch saying why
+        with pytest.raises(LlamaCppUnavailable, match="crashed"):
+            open_gguf(path, context_length=64)
+        choice = choose_runtime("auto", pair.drafter.model, path)
+        assert choice.llama is None and "crashed" in choice.reason
+
+
+def test_a_failing_trial_names_the_error(trials: Path, tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr(llamacpp, "_TRIAL", "raise RuntimeError('no such kernel')")
+    problem = llamacpp.trial_problem(some_file(tmp_path))
+    assert problem is not None and "RuntimeError: no such kernel" in problem
+
+
+def test_a_trial_out_of_time_is_not_kept(trials: Path, tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr(llamacpp, "_TRIAL", "import time; time.sleep(30)")
+    monkeypatch.setattr(llamacpp, "TRIAL_SECONDS", 0.5)
+    problem = llamacpp.trial_problem(some_file(tmp_path))
+    assert problem is not None and "did not end" in problem
+    assert not trials.exists()
+
+
+def test_a_damaged_trials_file_is_tried_again_and_rewritten(
+    trials: Path, tmp_path: Path, monkeypatch
+) -> None:
+    trials.parent.mkdir(parents=True)
+    trials.write_text("{half")
+    monkeypatch.setattr(llamacpp, "_TRIAL", "print('fine')")
+    assert llamacpp.trial_problem(some_file(tmp_path)) is None
+    assert [entry["ok"] for entry in json.loads(trials.read_text()).values()] == [True]
+
+
+def test_the_real_trial_passes_here(trials: Path) -> None:
+    if not HAS_LLAMA_CPP:
+        if REQUIRED:
+            pytest.fail("llama-cpp-python is not installed and SPECREPL_REQUIRE_LLAMACPP=1")
+        pytest.skip("llama-cpp-python is not installed")
+    assert llamacpp.trial_problem(embedded_gguf_path(), threads=1) is None
+    assert trials.is_file()
