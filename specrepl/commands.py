@@ -567,15 +567,17 @@ _KIND = _drafter_option("drafter_kind")
 
 def _drafter_argument(setting: str, help: str, *kinds: str) -> Argument:
     """An argument of /drafter_kind that sets `setting` for the drafter `kinds`."""
-    kind = Settings.bound(setting).kind
-    return Argument(_drafter_option(setting), kind, help, setting, when=(_KIND, kinds))
+    bound = Settings.bound(setting)
+    return Argument(
+        _drafter_option(setting), bound.kind, help, setting, choices=bound.choices,
+        when=(_KIND, kinds),
+    )  # fmt: skip
 
 
 @REGISTRY.command(
     "drafter_kind",
     aliases=("kind",),
-    help="what drafts: model, ngram, lookup, head (a trained draft head), or hybrid"
-    " (lookup, else the head or model)",
+    help="what drafts: model, ngram, lookup, head, or hybrid (lookup, else head or model)",
     arguments=(
         Argument(_KIND, str, "the drafter kind", setting="drafter_kind", choices=DRAFTER_KINDS),
         _drafter_argument("ngram_order", "longest n-gram", "ngram"),
@@ -585,10 +587,11 @@ def _drafter_argument(setting: str, help: str, *kinds: str) -> Argument:
         _drafter_argument(
             "drafter_window", "prompt tokens the model drafter reads (0: all)", "model", "hybrid"
         ),
-        _drafter_argument(
-            "drafter_runtime", "torch, llamacpp or auto (the cheaper, timed)", "model", "hybrid"
-        ),
         _drafter_argument("drafter_head", "a draft head directory, or embedded", "head", "hybrid"),
+        # last, so that lines written before it existed keep their meaning
+        _drafter_argument(
+            "drafter_runtime", "what runs the model (auto: the cheaper, timed)", "model", "hybrid"
+        ),
     ),
     current=lambda session: {_KIND: session.settings.drafter_kind},
 )

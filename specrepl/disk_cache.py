@@ -103,16 +103,25 @@ def _model_copies(directory: Path) -> list[StoredItem]:
     return items
 
 
-def _width_plans(store: Path) -> list[StoredItem]:
+def _json_store(kind: str, store: Path, rebuilt: str) -> tuple[dict | None, list[StoredItem]]:
+    """A JSON object kept in one file: (its contents, []), or (None, the item
+    saying it does not read and is `rebuilt` when), or (None, []) if absent."""
     if not store.is_file():
-        return []
+        return None, []
     try:
         data = json.loads(store.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         data = None
     if not isinstance(data, dict):
-        state = "not readable (measured again and rewritten on next start)"
-        return [StoredItem("widths", store, _size(store), state, False)]
+        state = f"not readable ({rebuilt})"
+        return None, [StoredItem(kind, store, _size(store), state, False)]
+    return data, []
+
+
+def _width_plans(store: Path) -> list[StoredItem]:
+    data, unreadable = _json_store("widths", store, "measured again and rewritten on next start")
+    if data is None:
+        return unreadable
     now, old = time.time(), 0
     for entry in data.values():
         measured = entry.get("measured_at") if isinstance(entry, dict) else None
@@ -125,15 +134,11 @@ def _width_plans(store: Path) -> list[StoredItem]:
 
 
 def _llamacpp_trials(store: Path) -> list[StoredItem]:
-    if not store.is_file():
-        return []
-    try:
-        data = json.loads(store.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        data = None
-    if not isinstance(data, dict):
-        state = "not readable (tried again and rewritten when llama.cpp is next used)"
-        return [StoredItem("llamacpp", store, _size(store), state, False)]
+    data, unreadable = _json_store(
+        "llamacpp", store, "tried again and rewritten when llama.cpp is next used"
+    )
+    if data is None:
+        return unreadable
     failed = sum(1 for entry in data.values() if isinstance(entry, dict) and not entry.get("ok"))
     state = f"{len(data)} trial{'s' if len(data) != 1 else ''} of llama.cpp"
     if failed:

@@ -216,17 +216,17 @@ class Settings:
         "model drafter reads the last N prompt tokens (0: all)",
         drafter="window",
     )
-    drafter_runtime: str = _setting(
-        "auto",
-        Bound(str, choices=DRAFTER_RUNTIMES),
-        "what runs the drafter model: torch, llamacpp (its GGUF file), or auto (the cheaper)",
-        drafter="runtime",
-    )
     drafter_head: str | None = _setting(
         None,
         Bound(str, optional=True),
         "draft head for the head and hybrid drafters: a directory, or embedded (none: no head)",
         drafter="head",
+    )
+    drafter_runtime: str = _setting(
+        "auto",
+        Bound(str, choices=DRAFTER_RUNTIMES),
+        "what runs the drafter model: torch, llamacpp (its GGUF file), or auto (the cheaper)",
+        drafter="runtime",
     )
     processor: str = _setting(
         "greedy", Bound(str, choices=PROCESSOR_NAMES), "how tokens are chosen from the logits"

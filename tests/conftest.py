@@ -89,6 +89,7 @@ def every_setting_changed():
         ngram_filler=4,
         lookup_max_ngram=2,
         drafter_window=16,
+        drafter_runtime="torch",
         drafter_head="embedded",
         processor="topknucleus",
         temperature=0.7,

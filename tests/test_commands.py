@@ -234,7 +234,7 @@ def test_system_prompt_set_show_and_clear(session: ChatSession) -> None:
 
 def test_bare_setting_commands_show_the_value(session: ChatSession) -> None:
     drafter = ("drafter_kind", "ngram_order", "ngram_keep", "ngram_filler", "lookup_max_ngram",
-               "drafter_window", "drafter_head")  # fmt: skip
+               "drafter_window", "drafter_head", "drafter_runtime")  # fmt: skip
     for line, names in [
         ("/gamma", ("gamma_policy", "gamma")),
         ("/length", ("max_new_tokens",)),

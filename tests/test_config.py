@@ -186,7 +186,7 @@ def test_model_spec_validates_itself() -> None:
 
 
 TARGET = '[target]\nsource = "embedded"\n'
-DRAFTER_KEYS = ("kind", "order", "keep", "filler", "max_ngram", "window", "head")
+DRAFTER_KEYS = ("kind", "order", "keep", "filler", "max_ngram", "window", "head", "runtime")
 """The drafter's options as README documents them for [drafter] and /drafter_kind."""
 
 
@@ -351,7 +351,14 @@ def test_drafter_options_are_the_drafter_settings_under_their_short_names(
     every_setting_changed: Settings,
 ) -> None:
     assert every_setting_changed.drafter_options() == DrafterOptions(
-        kind="ngram", order=5, keep=True, filler=4, max_ngram=2, window=16, head="embedded"
+        kind="ngram",
+        order=5,
+        keep=True,
+        filler=4,
+        max_ngram=2,
+        window=16,
+        head="embedded",
+        runtime="torch",
     )
     assert set(DRAFTER_SETTINGS) <= {field.name for field in fields(DrafterOptions)}
 

@@ -106,6 +106,9 @@ def valid_tokens(argument: Argument) -> list[str]:
     """Tokens the argument accepts: every choice of a choice argument, else one value."""
     if argument.kind is bool:
         return ["on"]
+    if argument.setting == "drafter_runtime":
+        # the tiny pair has no GGUF file: llama.cpp is refused for it (tested elsewhere)
+        return [choice for choice in argument.choices if choice != "llamacpp"]
     if argument.choices:
         return list(argument.choices)
     if argument.setting == "drafter_head":

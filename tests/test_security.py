@@ -286,4 +286,29 @@ def test_the_package_never_evaluates_input() -> None:
         for path in sources
         for line, what in _risky(ast.parse(path.read_text(encoding="utf-8"), str(path)))
     ]
-    assert found == []
+    # one exception, checked below: the llama.cpp trial runs fixed code in a child
+    trial = [entry for entry in found if entry.startswith("llamacpp.py:")]
+    assert [entry.split(": ", 1)[1] for entry in trial] == ["import subprocess"]
+    assert [entry for entry in found if entry not in trial] == []
+
+
+def test_the_llamacpp_trial_runs_only_its_own_code_without_a_shell() -> None:
+    """The one subprocess in the package: `sys.executable -c <module constant>`
+    with the file's path and a thread count as arguments, never in the code."""
+    tree = ast.parse((PACKAGE / "llamacpp.py").read_text(encoding="utf-8"))
+    calls = [
+        node
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and isinstance(node.func.value, ast.Name)
+        and node.func.value.id == "subprocess"
+    ]
+    assert [call.func.attr for call in calls] == ["run"]
+    (call,) = calls
+    assert "shell" not in {keyword.arg for keyword in call.keywords}
+    argv = call.args[0]
+    assert isinstance(argv, ast.List)
+    assert ast.unparse(argv.elts[0]) == "sys.executable"
+    assert [ast.unparse(element) for element in argv.elts[1:3]] == ["'-c'", "_TRIAL"]
+    assert [ast.unparse(element) for element in argv.elts[3:]] == ["str(path)", "str(threads)"]
