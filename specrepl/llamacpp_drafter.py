@@ -175,7 +175,7 @@ class RuntimeChoice:
         return "torch" if self.llama is None else "llamacpp"
 
     def describe(self) -> str:
-        return f"{'llama.cpp' if self.llama is not None else 'torch'} ({self.reason})"
+        return f"{'llama.cpp' if self.llama is not None else 'torch'}: {self.reason}"
 
 
 def choose_runtime(
