@@ -45,8 +45,12 @@ if [ "$llamacpp" = 1 ]; then
       llama_args="-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF -DGGML_CPU_REPACK=OFF"
     fi
     echo "building llama-cpp-python from source (about 5 minutes on 2 cores, once)…"
+    # pip keeps the wheel it builds and would reuse it whatever CMAKE_ARGS say:
+    # build afresh when the caller chose the options
+    cache=()
+    if [ -n "${CMAKE_ARGS:-}" ]; then cache=(--no-cache-dir); fi
     if ! CMAKE_ARGS="${CMAKE_ARGS:-$llama_args}" \
-      "$py" -m pip install -q llama-cpp-python==0.3.36; then
+      "$py" -m pip install -q ${cache[@]+"${cache[@]}"} llama-cpp-python==0.3.36; then
       if [ "${SPECREPL_REQUIRE_LLAMACPP:-0}" = 1 ]; then
         echo "setup.sh: llama-cpp-python did not build (SPECREPL_REQUIRE_LLAMACPP=1)" >&2
         exit 1
