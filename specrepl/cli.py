@@ -123,7 +123,7 @@ def _run_soak(args: argparse.Namespace) -> int:
         return started
     config, session = started
     try:
-        renderer.loaded(session.pair)
+        renderer.loaded(session.pair, session.head_summary(), session.runtime_summary())
         # each answer is streamed and drawn as in the REPL, into nowhere
         with open(os.devnull, "w", encoding="utf-8") as sink:
             drawer = Renderer(Console(file=sink, width=100))
@@ -181,7 +181,7 @@ def _run_replay(args: argparse.Namespace) -> int:
     config, kept = started
     dropped = ChatSession(kept.pair, kept.settings)
     try:
-        renderer.loaded(kept.pair, kept.head_summary())
+        renderer.loaded(kept.pair, kept.head_summary(), kept.runtime_summary())
         with renderer.progress("replay", len(turns)) as advance:
             result = chat_replay.replay(kept, dropped, turns, on_turn=advance)
         renderer.replay_report(result)
@@ -484,7 +484,7 @@ def _main(argv: Sequence[str] | None) -> int:
     config, session = started
     try:
         if not args.json:
-            renderer.loaded(session.pair, session.head_summary())
+            renderer.loaded(session.pair, session.head_summary(), session.runtime_summary())
         if args.prompt is not None:
             return _one_shot(config, session, renderer, args)
         # the REPL handles Ctrl-C itself; one can still land in its welcome or goodbye

@@ -307,8 +307,11 @@ class Renderer:
             console.print(what, style="dim")
             yield lambda message: console.print(Text(f"  {message}", style="dim"))
 
-    def loaded(self, pair: ModelPair, head: dict[str, Any] | None = None) -> None:
-        self.console.print(self._models_table(pair, head))
+    def loaded(
+        self, pair: ModelPair, head: dict[str, Any] | None = None, runtime: str | None = None
+    ) -> None:
+        """The loaded models; `runtime`: what runs the drafter model and why, once chosen."""
+        self.console.print(self._models_table(pair, head, runtime))
 
     def welcome(self, interactive: bool) -> None:
         keys = " Ctrl-C stops a generation, Ctrl-D quits." if interactive else ""
@@ -338,7 +341,8 @@ class Renderer:
 
     def models_arrived(self, arrived: ModelsArrived) -> None:
         """The models loaded in the background: the same table as a foreground start."""
-        self.loaded(arrived.session.pair, arrived.session.head_summary())
+        session = arrived.session
+        self.loaded(session.pair, session.head_summary(), session.runtime_summary())
         self.console.print(f"Models ready after {arrived.seconds:.1f} s.", style="dim")
         for notice in arrived.notices:
             self.error(notice)

@@ -80,6 +80,11 @@ def test_a_drafter_that_is_a_copy_of_the_target_is_named_so() -> None:
     console = Console(record=True, width=200)
     Renderer(console).loaded(pair)
     assert "a copy of the target: takes its keys and values" in console.export_text()
+    # once the runtime is chosen (at warm-up), the table says what drafts instead
+    console = Console(record=True, width=200)
+    Renderer(console).loaded(pair, None, "llama.cpp: a step costs 0.2 of torch's, measured")
+    text = console.export_text()
+    assert "drafts in llama.cpp: a step costs 0.2" in text and "takes its keys" not in text
 
 
 def test_from_models_without_a_drafter() -> None:
