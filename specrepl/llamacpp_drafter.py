@@ -177,6 +177,13 @@ class RuntimeChoice:
     def describe(self) -> str:
         return f"{'llama.cpp' if self.llama is not None else 'torch'}: {self.reason}"
 
+    def model_drafter(self, *, keep_between_prompts: bool = False) -> LlamaCppDrafter | None:
+        """The drafter over llama.cpp to use in place of torch's (`build_drafter`'s
+        `model_runtime`), or None when torch drafts."""
+        if self.llama is None:
+            return None
+        return LlamaCppDrafter(self.llama, keep_between_prompts=keep_between_prompts)
+
 
 def choose_runtime(
     requested: str,

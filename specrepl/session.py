@@ -42,6 +42,7 @@ from .answers import (
     StepPieces,
 )
 from .draft_head import DraftHead, HeadLoadError, fastest_dtype, load_head, resolve_head
+from .drafter_options import DrafterOptions
 from .drafters import Drafter, NgramDrafter, build_drafter
 from .forward import context_length
 from .generation import (
@@ -52,7 +53,7 @@ from .generation import (
 )
 from .gguf_cache import cache_root
 from .llamacpp import LlamaCppUnavailable
-from .llamacpp_drafter import LlamaCppDrafter, RuntimeChoice, choose_drafter_runtime
+from .llamacpp_drafter import RuntimeChoice, choose_drafter_runtime
 from .processors import UnusableLogitsError
 from .prompt_cache import PromptCache
 from .prompting import (
@@ -429,8 +430,7 @@ class ChatSession:
         # the target reads no prompt at all: it takes the target's keys and values)
         keep = settings.use_cache and settings.logits_processor().is_greedy
         runtime = self.drafter_runtime(settings)
-        llama = None if runtime is None else runtime.llama
-        key = (options, settings.use_cache, keep, id(model), id(head), id(llama))
+        key = (options, settings.use_cache, keep, id(model), id(head), id(runtime))
         if self._kept_drafter is not None and self._kept_drafter[0] == key:
             return self._kept_drafter[1]
         drafter = build_drafter(
@@ -441,8 +441,8 @@ class ChatSession:
             keep_between_prompts=keep,
             copy_of_target=self.pair.drafter_is_copy,
             model_runtime=None
-            if llama is None
-            else LlamaCppDrafter(llama, keep_between_prompts=keep),
+            if runtime is None
+            else runtime.model_drafter(keep_between_prompts=keep),
         )
         self._caches["speculative"].drop()
         self._kept_drafter = (key, drafter)
@@ -458,7 +458,7 @@ class ChatSession:
         drafter = self.pair.drafter
         if not options.needs_model or drafter is None:
             return None
-        key = (options.runtime, bool(options.window))
+        key = _runtime_key(options)
         if key not in self._runtimes:
             try:
                 self._runtimes[key] = choose_drafter_runtime(options, drafter.model, drafter.gguf)
@@ -470,7 +470,7 @@ class ChatSession:
         """What runs the drafter model and why, once chosen (None before the
         first speculative run, or when no model drafts)."""
         options = self.settings.drafter_options()
-        choice = self._runtimes.get((options.runtime, bool(options.window)))
+        choice = self._runtimes.get(_runtime_key(options))
         return None if choice is None or not options.needs_model else choice.describe()
 
     def _check_head(self, settings: Settings) -> None:
@@ -558,3 +558,9 @@ def _release_memory() -> None:
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
+
+
+def _runtime_key(options: DrafterOptions) -> tuple[str, bool]:
+    """What a drafter-runtime choice depends on: the runtime asked for, and
+    whether a prompt window is set (torch's alone)."""
+    return options.runtime, bool(options.window)

@@ -31,7 +31,7 @@ from ..draft_head import HeadLoadError, load_head, resolve_head
 from ..drafters import DRAFTER_KINDS, Drafter, DrafterOptions, build_drafter
 from ..gamma import FixedGamma, GammaPolicy, make_policy
 from ..generation import autoregressive_generate, speculative_generate
-from ..llamacpp_drafter import LlamaCppDrafter, RuntimeChoice, choose_drafter_runtime
+from ..llamacpp_drafter import RuntimeChoice, choose_drafter_runtime
 from ..models import ModelPair
 from ..processors import LogitsProcessor
 from ..prompting import prompt_ids
@@ -226,14 +226,14 @@ class Benchmark:
             self.drafter_runtime = choose_drafter_runtime(options, model, gguf)
         except LlamaCppUnavailable as error:
             raise BenchError(f"the drafter cannot run in llama.cpp: {error}") from None
-        llama = None if self.drafter_runtime is None else self.drafter_runtime.llama
+        runtime = self.drafter_runtime
         return build_drafter(
             options,
             model,
             head=head,
             use_cache=self.options.use_cache,
             copy_of_target=self.pair.drafter_is_copy,
-            model_runtime=None if llama is None else LlamaCppDrafter(llama),
+            model_runtime=None if runtime is None else runtime.model_drafter(),
         )
 
     def _make_methods(self) -> list[Method]:
