@@ -1,6 +1,7 @@
 """What a chat session reports: the events of an answer while it runs, the
-finished `Answer` with one `Run` per generator, and the setting changes a
-command made.
+finished `Answer` with one `Run` per generator (and whether the speculative
+run's tokens equal the target-only run's), and the setting changes a command
+made.
 
 Plain data without torch, so that the REPL's front end (render.py, commands.py)
 can be imported and draw its first screen while the models are still loading;
@@ -13,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, Union
 
+from .output_match import OutputMatch, compare_outputs
 from .results import GenerationResult, StepEvent
 from .settings import Settings
 
@@ -156,6 +158,24 @@ class Answer:
         """Speculative tokens/s over target tokens/s (None when either did not complete)."""
         return self.speedup_of("speculative")
 
+    @property
+    def output_match(self) -> OutputMatch | None:
+        """The speculative run's tokens against the target-only run's (greedy: they
+        must be identical); None unless both ran to the end."""
+        run, baseline = self.runs.get("speculative"), self.runs.get("target")
+        if run is None or baseline is None or run.interrupted or baseline.interrupted:
+            return None
+        return compare_outputs(
+            run.result.token_ids,
+            baseline.result.token_ids,
+            greedy=self.settings.processor == "greedy",
+        )
+
+    def output_match_dict(self) -> dict[str, object] | None:
+        """`output_match` as JSON (None when there is nothing to compare)."""
+        match = self.output_match
+        return None if match is None else match.to_dict()
+
     def to_dict(self) -> dict[str, object]:
         return {
             "prompt": self.prompt,
@@ -166,4 +186,5 @@ class Answer:
             "interrupted": self.interrupted,
             "runs": {name: run.to_dict() for name, run in self.runs.items()},
             "speedup": self.speedup,
+            "speculative_vs_target": self.output_match_dict(),
         }

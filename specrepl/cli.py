@@ -374,7 +374,8 @@ def config_block(
 
 
 def one_shot_payload(config: AppConfig, pair: ModelPair, answer: Answer) -> dict[str, Any]:
-    """The `--json` object: the config used, one record per run, the speedup."""
+    """The `--json` object: the config used, one record per run, the speedup, and
+    whether the speculative tokens equal the target-only tokens."""
     return {
         "config": config_block(
             config,
@@ -385,6 +386,7 @@ def one_shot_payload(config: AppConfig, pair: ModelPair, answer: Answer) -> dict
         ),
         "runs": {name: run.to_dict() for name, run in answer.runs.items()},
         "speedup": answer.speedup,
+        "speculative_vs_target": answer.output_match_dict(),
         "refusal": answer.refusal,
     }
 

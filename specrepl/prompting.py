@@ -19,6 +19,9 @@ prompt, earlier user and assistant turns):
   right-to-left scripts, combining marks and zero-width joiners included,
   is kept as typed.
 
+`fit_history` drops a chat's oldest turns when its prompt no longer leaves room
+for an answer in the context.
+
 This module knows nothing about models, generation or the terminal.
 """
 
@@ -26,9 +29,9 @@ from __future__ import annotations
 
 import inspect
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -40,6 +43,7 @@ __all__ = [
     "clean_prompt",
     "control_tokens",
     "conversation",
+    "fit_history",
     "has_chat_template",
     "printable",
     "prompt_ids",
@@ -54,6 +58,8 @@ _ESCAPE_SEQUENCE = re.compile(
 # C0 controls but tab and newline, DEL, and the C1 controls
 _CONTROL_CHARACTER = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 _SURROGATE = re.compile(r"[\ud800-\udfff]")
+
+MessageT = TypeVar("MessageT", bound=Mapping[str, str])
 
 
 class PromptEncodingError(ValueError):
@@ -187,6 +193,33 @@ def conversation(
     any), `history`, then `prompt` as the user's message."""
     head = [{"role": "system", "content": system_prompt}] if system_prompt else []
     return [*head, *(dict(message) for message in history), {"role": "user", "content": prompt}]
+
+
+def fit_history(
+    ids: list[int],
+    history: Sequence[MessageT],
+    encode: Callable[[Sequence[MessageT]], list[int]],
+    *,
+    room: int,
+    context: int | None,
+) -> tuple[list[int], list[MessageT], int]:
+    """Drop a chat's oldest turns until its prompt leaves `room` new tokens in `context`.
+
+    `ids` is the prompt encoded with the whole `history` (user messages and their
+    answers, in pairs); `encode` encodes it again with a shorter history. The
+    oldest turn (a user message with its answer) goes first, until the prompt
+    plus `room` fits or no history is left (the prompt may then still be too
+    long: the caller refuses it). Returns the prompt ids, the history kept and
+    how many turns were dropped. The REPL and `bench` fit their chats here."""
+    kept = list(history)
+    dropped = 0
+    if context is None:
+        return ids, kept, dropped
+    while kept and len(ids) + room > context:
+        kept = kept[2:]
+        dropped += 1
+        ids = encode(kept)
+    return ids, kept, dropped
 
 
 def _check_plain(tokenizer: PreTrainedTokenizerBase, text: str, where: str) -> None:

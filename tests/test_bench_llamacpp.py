@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import io
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -14,9 +15,10 @@ from rich.console import Console
 from specrepl.bench import llamacpp, tables
 from specrepl.bench.llamacpp import LlamaCppUnavailable, open_llamacpp, sampling_options
 from specrepl.bench.markdown import LLAMACPP_NOTE, run_markdown
-from specrepl.bench.prompts import BenchPrompt
+from specrepl.bench.prompts import BenchError, BenchPrompt
 from specrepl.bench.report import BenchReport
 from specrepl.bench.runner import Benchmark, BenchOptions, GammaSpec
+from specrepl.drafter_options import DrafterOptions
 from specrepl.models import ModelPair, embedded_gguf_path
 from specrepl.processors import GreedyProcessor, NucleusProcessor, TopKProcessor
 
@@ -45,7 +47,7 @@ def test_a_target_without_a_gguf_file_reports_the_peer_unavailable(pair: ModelPa
         "llamacpp",
         "llamacpp_lookup",
     ]
-    records = benchmark.run([BenchPrompt(1, "writing", "w3 w4 w5 w3 w4")])
+    records = benchmark.run([BenchPrompt(1, "writing", ("w3 w4 w5 w3 w4",))])
     assert set(benchmark.unavailable) == {"llamacpp", "llamacpp_lookup"}
     assert "not loaded from one" in benchmark.unavailable["llamacpp"]
     assert [set(record.runs) for record in records] == [{"target", "speculative"}]
@@ -84,7 +86,7 @@ def test_llamacpp_runs_the_embedded_gguf_beside_specrepl(embedded_pair: ModelPai
         tune_widths=False,
     )
     benchmark = Benchmark(embedded_pair, options)
-    prompt = BenchPrompt(1, "writing", "List three colours of the rainbow, one per line.")
+    prompt = BenchPrompt(1, "writing", ("List three colours of the rainbow, one per line.",))
     records = benchmark.run([prompt])
     assert benchmark.unavailable == {}, benchmark.unavailable
     runs = records[0].runs
@@ -104,3 +106,35 @@ def test_llamacpp_runs_the_embedded_gguf_beside_specrepl(embedded_pair: ModelPai
     assert len(long_ids) > 600
     lookup_method = next(m for m in benchmark.methods if m.name == "llamacpp_lookup")
     assert len(benchmark.run_method(lookup_method, long_ids, 4, 0).token_ids) == 4
+
+
+@pytest.mark.skipif(not HAS_LLAMA_CPP, reason="llama-cpp-python is not installed")
+def test_a_chat_keeps_the_llamacpp_drafters_state_from_turn_to_turn(
+    embedded_pair: ModelPair,
+) -> None:
+    """`bench --chat` with the drafter model in llama.cpp: each later turn starts from
+    what the last one left, in the target's cache and in llama.cpp's, and stays exact."""
+    options = BenchOptions(
+        max_new_tokens=6,
+        gamma=GammaSpec("fixed", 3),
+        drafter_kind="model",
+        drafter=DrafterOptions(runtime="llamacpp"),
+        warmup=1,
+        tune_widths=False,
+        conversation=True,
+    )
+    benchmark = Benchmark(embedded_pair, options)
+    assert benchmark.drafter_runtime is not None and benchmark.drafter_runtime.llama is not None
+    chat = [
+        BenchPrompt(1, "writing", ("Name a colour.", "And another one?")),
+        BenchPrompt(2, "qa", ("What is two plus two?",)),
+    ]
+    records = benchmark.run(chat)
+    assert [record.key for record in records] == ["writing/1#1", "writing/1#2", "qa/2"]
+    for record in records:
+        assert record.runs["speculative"].identical, record.key
+    for name in ("target", "speculative"):
+        assert records[0].runs[name].reused_prompt_tokens == 0  # not the warm-up's
+        assert all(record.runs[name].reused_prompt_tokens > 0 for record in records[1:])
+    with pytest.raises(BenchError, match="--chat with --gamma-sweep"):
+        Benchmark(embedded_pair, replace(options, sweep=(2,)))

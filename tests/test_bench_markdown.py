@@ -95,7 +95,7 @@ def test_the_markdown_of_a_run_has_a_row_per_method(bench_run: tuple[Path, str])
     path, _ = bench_run
     run = load_run(path)
     markdown = run_markdown(run)
-    overall, by_category, time_split, sweep = tables(markdown)
+    overall, by_category, time_split, sweep, per_prompt = tables(markdown)
     main = [m["label"] for m in run["methods"] if m["sweep_gamma"] is None]
     assert [row[0] for row in overall[1:]] == main
     assert overall[0][:3] == ["method", "tok/s", "× target"]
@@ -103,6 +103,10 @@ def test_the_markdown_of_a_run_has_a_row_per_method(bench_run: tuple[Path, str])
     assert [row[0] for row in by_category[1:]] == main
     assert [row[0] for row in time_split[1:]] == [label for label in main if "target" not in label]
     assert [row[0] for row in sweep[1:]] == ["2", "4"]
+    assert per_prompt[0] == ["prompt", "turn", "fed/prompt", "× target", "speculative vs target"]
+    assert [row[:2] for row in per_prompt[1:]] == [["qa/1", "first"], ["math/2", "first"]]
+    assert all(row[-1] == "identical" for row in per_prompt[1:])  # greedy
+    assert "<details><summary>Per prompt" in markdown
     figures = run["summary"]["overall"]["speculative"]
     row = next(row for row in overall[1:] if row[0] == main[1])
     assert row[1] == f"{figures['tokens_per_second']:.1f}"

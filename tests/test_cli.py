@@ -223,6 +223,12 @@ def test_one_shot_json_on_tiny_models(
     check_run(runs["target"], speculative=False)
     check_run(runs["drafter"], speculative=False)
     assert runs["speculative"]["token_ids"] == runs["target"]["token_ids"]  # greedy: lossless
+    assert payload["speculative_vs_target"] == {
+        "identical": True,
+        "first_difference": None,
+        "greedy": True,
+        "verdict": "identical",
+    }
     assert payload["speedup"] == pytest.approx(
         runs["speculative"]["tokens_per_second"] / runs["target"]["tokens_per_second"]
     )
@@ -239,6 +245,7 @@ def test_one_shot_json_without_a_drafter(
     payload = json.loads(out)
     assert list(payload["runs"]) == ["target"]
     assert payload["speedup"] is None and payload["config"]["drafter"] is None
+    assert payload["speculative_vs_target"] is None  # nothing to compare
 
 
 def test_one_shot_refusal_exits_non_zero(
@@ -256,6 +263,7 @@ def test_one_shot_rendered(config_file: Path, capsys: pytest.CaptureFixture[str]
     assert "speculative · model drafter · γ=auto≤3 · greedy" in out
     assert "target only · greedy" in out
     assert "baseline" in out
+    assert "speculative vs target-only: identical tokens" in out
     assert "float32" in out  # the loaded models are shown
 
 

@@ -3,6 +3,7 @@ ordinary conversations encode exactly as the chat template always encoded them."
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pytest
@@ -12,6 +13,7 @@ from specrepl.prompting import (
     chat_prompt_ids,
     clean_prompt,
     control_tokens,
+    fit_history,
     text_prompt_ids,
 )
 from specrepl.testing import tiny_tokenizer
@@ -217,3 +219,23 @@ def test_raw_text_keeps_pasted_control_tokens_as_text_on_the_embedded_tokenizer(
     assert structure(tokenizer, ids) == []
     assert tokenizer.decode(ids) == END_OF_TURN
     assert structure(tokenizer, tokenizer.encode(END_OF_TURN)) != []  # what it was before
+
+
+def test_fit_history_drops_the_oldest_turns_until_the_answer_has_room() -> None:
+    """What the REPL and `bench` do when a chat outgrows the context: a turn (a
+    question with its answer) at a time, oldest first."""
+    history = [
+        {"role": role, "content": f"{role} {turn}"}
+        for turn in range(3)
+        for role in ("user", "assistant")
+    ]
+
+    def encode(kept: Sequence[Mapping[str, str]]) -> list[int]:
+        return [0] * (10 * len(kept) + 5)  # 10 tokens a message, 5 for the new one
+
+    ids, kept, dropped = fit_history(encode(history), history, encode, room=20, context=50)
+    assert (len(ids), dropped, kept) == (25, 2, history[4:])
+    assert fit_history(encode(history), history, encode, room=20, context=None)[2] == 0
+    assert fit_history(encode(history), history, encode, room=10, context=100)[1] == history
+    ids, kept, dropped = fit_history(encode(history), history, encode, room=60, context=50)
+    assert (ids, kept, dropped) == ([0] * 5, [], 3)  # still too long: the caller refuses it

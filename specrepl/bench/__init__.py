@@ -3,12 +3,15 @@
 The package reads in one direction; each module imports only those above it:
 
 - `prompts`: Spec-Bench questions (JSONL: `question_id`, `category`, `turns`)
-  read and checked line by line, and the copy shipped with the repository;
+  read and checked line by line, the copy shipped with the repository, and
+  which turns form one chat;
 - `figures`: the methods, one run's figures (`MethodRun`), a prompt's runs
   (`PromptRecord`), the speedup predicted from measured acceptance and costs,
   and the summaries per category and overall;
-- `runner`: `Benchmark`, which times every method on every prompt with one
-  loaded pair (warm-up, alternating order, synchronized clock);
+- `runner`: `Benchmark`, which times every method on every turn with one
+  loaded pair (warm-up, alternating order, synchronized clock; a later turn
+  asked after the earlier ones and their target-only answers, with `--chat`
+  the caches kept from turn to turn);
 - `report`: `BenchReport`, a finished benchmark with its machine, versions and
   settings, and its JSON;
 - `markdown`: a run (or several side by side) as Markdown tables, from the

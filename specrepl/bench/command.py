@@ -36,6 +36,7 @@ from ..settings import GAMMA_MAX, SettingError
 from ..signals import EXIT_INTERRUPTED
 from ..startup import load_config_pair
 from . import tables
+from .figures import LONG_INPUT_TOKENS
 from .markdown import run_markdown
 from .prompts import PROMPTS_FILE, BenchError, BenchPrompt, default_prompts_path, load_prompts
 from .report import BenchReport
@@ -94,10 +95,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--prompts",
         metavar="PATH",
-        help="Spec-Bench JSONL (question_id, category, turns); default: "
-        f"{PROMPTS_FILE.as_posix()}, shipped with specrepl",
+        help="Spec-Bench JSONL (question_id, category, turns: each turn is measured, asked"
+        " after the question's earlier turns and their target-only answers); default:"
+        f" {PROMPTS_FILE.as_posix()}, shipped with specrepl",
     )
-    parser.add_argument("--limit", type=int, metavar="N", help="at most N prompts per category")
+    parser.add_argument(
+        "--limit",
+        type=int,
+        metavar="N",
+        help="at most N questions (with all their turns) per category",
+    )
     parser.add_argument(
         "--categories", metavar="A,B", help="only these categories (comma-separated)"
     )
@@ -135,8 +142,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="tune",
         help="tune: time each model's forward widths first and pad to cheaper ones (default)",
     )
+    _add_turn_arguments(parser)
     add_model_options(parser, after_subcommand=True)
     add_setting_options(parser, after_subcommand=True)
+
+
+def _add_turn_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags that say how turns run and are summed up: `--chat`, `--long-input`."""
+    parser.add_argument(
+        "--chat",
+        dest="one_chat",
+        action="store_true",
+        help="every prompt of the file is a turn of one chat, asked after the earlier turns and"
+        " their target-only answers, with specrepl's caches kept from turn to turn as the REPL"
+        " keeps them (the oldest turns go when the context would overflow); without it, only a"
+        " question's own turns are one chat, and nothing is kept between turns",
+    )
+    parser.add_argument(
+        "--long-input",
+        type=int,
+        metavar="N",
+        default=LONG_INPUT_TOKENS,
+        help="a turn whose prompt (its history included) has at least N tokens is summed up"
+        f" apart as a long input ({LONG_INPUT_TOKENS})",
+    )
 
 
 def _arg(args: argparse.Namespace, name: str) -> Any:
@@ -159,7 +188,12 @@ class _Plan:
             "categories": list(dict.fromkeys(prompt.category for prompt in self.prompts)),
             "limit_per_category": _arg(args, "limit"),
             "prompts": len(self.prompts),
+            "turns": self.turns,
         }
+
+    @property
+    def turns(self) -> int:
+        return sum(len(prompt.turns) for prompt in self.prompts)
 
 
 def _plan(args: argparse.Namespace) -> _Plan:
@@ -195,6 +229,10 @@ def _plan(args: argparse.Namespace) -> _Plan:
         chat=settings.chat,
         system_prompt=settings.system_prompt,
         tune_widths=_arg(args, "widths") != "off",
+        conversation=bool(_arg(args, "one_chat")),
+        long_input_tokens=(
+            LONG_INPUT_TOKENS if _arg(args, "long_input") is None else _arg(args, "long_input")
+        ),
     )
     needs_model = settings.drafter_options().needs_model
     if needs_model and config.drafter is None:
@@ -216,6 +254,43 @@ def _progress_bar(console: Console) -> Progress:
         console=console,
         transient=True,
     )
+
+
+def _load(plan: _Plan, console: Console) -> ModelPair:
+    """The config's pair, loaded under a spinner that names each stage."""
+    with console.status("loading models…") as status:
+        return load_config_pair(
+            plan.config,
+            lambda message: status.update(escape(message)),
+            with_drafter=plan.load_drafter,
+        )
+
+
+def _intro(plan: _Plan, benchmark: Benchmark, pair: ModelPair) -> str:
+    """The line saying what is about to be measured."""
+    turns = "" if plan.turns == len(plan.prompts) else f" ({plan.turns} turns)"
+    chat = ", one chat with caches kept" if plan.options.conversation else ""
+    return (
+        f"[bold]bench[/] {len(plan.prompts)} prompts{turns}{chat} × {len(benchmark.methods)}"
+        f" methods, {plan.options.max_new_tokens} new tokens,"
+        f" {escape(plan.options.processor.describe())}, {torch.get_num_threads()} threads,"
+        f" on {pair.device}"
+    )
+
+
+def _measure(benchmark: Benchmark, prompts: list[BenchPrompt], console: Console) -> bool:
+    """Run the benchmark under a progress bar; True when Ctrl-C cut it short."""
+    with _progress_bar(console) as progress:
+        task = progress.add_task("warm-up", total=benchmark.total_runs(prompts))
+
+        def on_progress(done: int, total: int, description: str) -> None:
+            progress.update(task, completed=done, total=total, description=escape(description))
+
+        try:
+            benchmark.run(prompts, on_progress)
+        except KeyboardInterrupt:
+            return True
+    return False
 
 
 def run(args: argparse.Namespace, console: Console, *, pair: ModelPair | None = None) -> int:
@@ -244,14 +319,8 @@ def run(args: argparse.Namespace, console: Console, *, pair: ModelPair | None = 
         if missing is not None:
             return fail(f"--chart: {missing}", EXIT_USAGE)
     if pair is None:
-        config = plan.config
         try:
-            with console.status("loading models…") as status:
-                pair = load_config_pair(
-                    config,
-                    lambda message: status.update(escape(message)),
-                    with_drafter=plan.load_drafter,
-                )
+            pair = _load(plan, console)
         except (ModelLoadError, IncompatibleTokenizersError) as error:
             return fail(str(error), EXIT_FAILED)
         except KeyboardInterrupt:
@@ -260,22 +329,8 @@ def run(args: argparse.Namespace, console: Console, *, pair: ModelPair | None = 
         benchmark = Benchmark(pair, plan.options)
     except BenchError as error:
         return fail(str(error), EXIT_USAGE)
-    console.print(
-        f"[bold]bench[/] {len(plan.prompts)} prompts × {len(benchmark.methods)} methods, "
-        f"{plan.options.max_new_tokens} new tokens, {escape(plan.options.processor.describe())}, "
-        f"{torch.get_num_threads()} threads, on {pair.device}"
-    )
-    interrupted = False
-    with _progress_bar(console) as progress:
-        task = progress.add_task("warm-up", total=benchmark.total_runs(plan.prompts))
-
-        def on_progress(done: int, total: int, description: str) -> None:
-            progress.update(task, completed=done, total=total, description=escape(description))
-
-        try:
-            benchmark.run(plan.prompts, on_progress)
-        except KeyboardInterrupt:
-            interrupted = True
+    console.print(_intro(plan, benchmark, pair))
+    interrupted = _measure(benchmark, plan.prompts, console)
     report = BenchReport.build(benchmark, config=plan.config_dict(args), interrupted=interrupted)
     if markdown:
         report_console.file.write(run_markdown(report.to_dict()))

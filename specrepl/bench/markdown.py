@@ -2,8 +2,11 @@
 
 `run_markdown` turns one `bench` run (the JSON that `bench --json` writes, or
 a finished report's `to_dict()`) into its tables: every method overall,
-the speedup of each method in each category, where the time of specrepl's
-runs goes, and the gamma sweep. `compare_markdown` puts several runs side by
+the speedup of each method in each category and in each kind of turn (first
+turns, later turns, long inputs), where the time of specrepl's runs goes, the
+gamma sweep, and every prompt (folded) with its speculative speedup and
+whether its speculative text equals target-only's (`prompt_row`, which the
+terminal's per-prompt table shows too). `compare_markdown` puts several runs side by
 side, one column per run (before and after a change, machine A and B), after
 a table saying what each run was: machine, versions, date and command.
 `python infer.py bench --format markdown` prints the first,
@@ -23,11 +26,13 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from .figures import OVERALL, TARGET
+from ..output_match import OutputMatch
+from .figures import FIRST_TURNS, LONG_INPUT, OVERALL, SPECULATIVE, TARGET
 
 __all__ = [
     "DASH",
     "LLAMACPP_NOTE",
+    "PROMPT_HEADER",
     "add_arguments",
     "compare_command",
     "compare_markdown",
@@ -36,6 +41,7 @@ __all__ = [
     "format_times",
     "load_run",
     "markdown_table",
+    "prompt_row",
     "run_markdown",
 ]
 
@@ -96,6 +102,42 @@ TIME_FIGURES: tuple[tuple[str, Figure], ...] = (
 )
 
 
+PROMPT_HEADER = ("prompt", "turn", "fed/prompt", "× target", "speculative vs target")
+"""The per-prompt table's columns (`prompt_row`)."""
+
+
+def _turn_kind(record: dict[str, Any]) -> str:
+    """`first` or `later`, and `long` for a long input (a file without turns: first)."""
+    groups = record.get("groups") or [FIRST_TURNS]
+    kind = "first" if FIRST_TURNS in groups else "later"
+    return f"{kind}, long" if LONG_INPUT in groups else kind
+
+
+def _verdict(figures: dict[str, Any]) -> str:
+    """A run's tokens against target-only's (`output_match`), also from older files."""
+    if figures.get("output_vs_target"):
+        return str(figures["output_vs_target"])
+    if figures.get("identical_to_target") is None:
+        return DASH
+    return OutputMatch(greedy=True, first_difference=figures.get("first_mismatch")).describe()
+
+
+def prompt_row(record: dict[str, Any]) -> list[str]:
+    """One prompt's cells under `PROMPT_HEADER`, from its JSON record: its key, its
+    kind of turn, the prompt tokens the speculative run fed (the rest a kept cache
+    held) out of the prompt's, its speedup and its verdict."""
+    figures = record["methods"].get(SPECULATIVE, {})
+    tokens = record["prompt_tokens"]
+    fed = tokens - (figures.get("reused_prompt_tokens") or 0)
+    return [
+        record.get("key") or f"{record['category']}/{record['question_id']}",
+        _turn_kind(record),
+        f"{fed}/{tokens}",
+        format_times(figures.get("speedup_vs_target")),
+        _verdict(figures),
+    ]
+
+
 def _cell(text: object) -> str:
     """A table cell: one line, `|` escaped."""
     return " ".join(str(text).split()).replace("|", "\\|")
@@ -139,8 +181,8 @@ def _categories(run: dict[str, Any]) -> list[str]:
     return [name for name in run["summary"] if name != OVERALL]
 
 
-def _prompts(run: dict[str, Any], category: str = OVERALL) -> int:
-    figures = run["summary"].get(category, {})
+def _prompts(run: dict[str, Any], category: str = OVERALL, part: str = "summary") -> int:
+    figures = run.get(part, {}).get(category, {})
     return max((summary["prompts"] for summary in figures.values()), default=0)
 
 
@@ -170,9 +212,10 @@ def command_line(run: dict[str, Any]) -> str:
 # -- one run ----------------------------------------------------------------------
 
 
-def _speedup(run: dict[str, Any], category: str, method: str) -> str:
-    """A method's speedup over specrepl target-only in a category (a dash if not run)."""
-    summary = run["summary"].get(category, {}).get(method, {})
+def _speedup(run: dict[str, Any], category: str, method: str, part: str = "summary") -> str:
+    """A method's speedup over specrepl target-only in a category, or in a kind of
+    turn with `part="summary_by_turn"` (a dash if not run)."""
+    summary = run.get(part, {}).get(category, {}).get(method, {})
     return format_times(summary.get("speedup_vs_target"))
 
 
@@ -218,17 +261,9 @@ def run_markdown(run: dict[str, Any]) -> str:
             "\n**× specrepl target-only, by category** (prompts per category: "
             + ", ".join(f"{name} {_prompts(run, name)}" for name in categories)
             + ")\n",
-            markdown_table(
-                ["method", *categories, OVERALL],
-                (
-                    [
-                        m["label"],
-                        *(_speedup(run, name, m["name"]) for name in [*categories, OVERALL]),
-                    ]
-                    for m in methods
-                ),
-            ),
+            _speedup_matrix(run, methods, [*categories, OVERALL]),
         ]
+    parts += _turn_part(run, methods)
     timed = [m for m in methods if m["family"] == "specrepl" and m["speculative"]]
     if timed:
         parts += [
@@ -254,7 +289,55 @@ def run_markdown(run: dict[str, Any]) -> str:
                 ),
             ),
         ]
-    return "\n".join([*parts, *_peer_notes(run)]) + "\n"
+    return "\n".join([*parts, *_prompts_part(run), *_peer_notes(run)]) + "\n"
+
+
+def _speedup_matrix(
+    run: dict[str, Any],
+    methods: Sequence[dict[str, Any]],
+    groups: Sequence[str],
+    part: str = "summary",
+) -> str:
+    """Each method's speedup over specrepl target-only (rows) in each group (columns)."""
+    return markdown_table(
+        ["method", *groups],
+        (
+            [m["label"], *(_speedup(run, group, m["name"], part) for group in groups)]
+            for m in methods
+        ),
+    )
+
+
+def _turn_part(run: dict[str, Any], methods: Sequence[dict[str, Any]]) -> list[str]:
+    """The speedups by kind of turn, when the prompts were not all short first turns."""
+    turns = run.get("summary_by_turn") or {}
+    if not set(turns) - {FIRST_TURNS}:
+        return []
+    counts = ", ".join(f"{group} {_prompts(run, group, 'summary_by_turn')}" for group in turns)
+    threshold = run.get("config", {}).get("long_input_tokens", DASH)
+    return [
+        f"\n**× specrepl target-only, by kind of turn** (prompts: {counts}; a long input has"
+        f" ≥ {threshold} prompt tokens)\n",
+        _speedup_matrix(run, methods, list(turns), "summary_by_turn"),
+    ]
+
+
+def _prompts_part(run: dict[str, Any]) -> list[str]:
+    """Every prompt's row (`prompt_row`), folded; a greedy text that differs in bold."""
+    records = run.get("prompts") or []
+    if not records:
+        return []
+    rows = []
+    for record in records:
+        row = prompt_row(record)
+        if record["methods"].get(SPECULATIVE, {}).get("identical_to_target") is False:
+            row[-1] = f"**{row[-1]}**"
+        rows.append(row)
+    return [
+        "\n<details><summary>Per prompt: specrepl speculative against target-only</summary>\n",
+        markdown_table(PROMPT_HEADER, rows),
+        "\n</details>",
+    ]
 
 
 def _peer_notes(run: dict[str, Any]) -> list[str]:

@@ -1,10 +1,18 @@
 """Benchmark prompts: Spec-Bench questions read from JSONL and checked line by line.
 
 A prompts file holds one JSON object a line with `question_id`, `category` and
-`turns` (the first turn is the prompt). `load_prompts` keeps the asked-for
-categories and at most `limit` per category, and names the file and line of
-anything malformed; `default_prompts_path` finds the copy that ships with the
-repository. Plain data: no torch, no rich, no model.
+`turns`: the user's messages of one conversation, in order (Spec-Bench's 80
+MT-bench questions have two; the others one). `load_prompts` keeps the
+asked-for categories and at most `limit` questions per category, every turn of
+each, and names the file and line of anything malformed;
+`default_prompts_path` finds the copy that ships with the repository.
+
+`conversations` says which turns are asked in one conversation: each
+question's own turns (turn 2 follows turn 1 and its answer, as Spec-Bench
+runs them), or with `bench --chat` every turn of the file, one chat.
+`BenchTurn` is one user turn; its `key` names it (`writing/81#2`).
+
+Plain data: no torch, no rich, no model.
 """
 
 from __future__ import annotations
@@ -15,7 +23,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["PROMPTS_FILE", "BenchError", "BenchPrompt", "default_prompts_path", "load_prompts"]
+__all__ = [
+    "PROMPTS_FILE",
+    "BenchError",
+    "BenchPrompt",
+    "BenchTurn",
+    "conversations",
+    "default_prompts_path",
+    "load_prompts",
+]
 
 PROMPTS_FILE = Path("benchmarks") / "spec_bench.jsonl"
 
@@ -26,15 +42,67 @@ class BenchError(ValueError):
 
 @dataclass(frozen=True)
 class BenchPrompt:
-    """One Spec-Bench question: its id, its category and its first turn."""
+    """One Spec-Bench question: its id, its category and its turns (the user's
+    messages of one conversation, in order)."""
 
     question_id: int | str
     category: str
-    text: str
+    turns: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        if (
+            not isinstance(self.turns, tuple)
+            or not self.turns
+            or not all(isinstance(turn, str) for turn in self.turns)
+        ):
+            raise TypeError(f"turns must be a non-empty tuple of strings, got {self.turns!r}")
+
+    @property
+    def text(self) -> str:
+        """The first turn."""
+        return self.turns[0]
 
     @property
     def key(self) -> str:
         return f"{self.category}/{self.question_id}"
+
+    def each_turn(self) -> list[BenchTurn]:
+        return [BenchTurn(self, number) for number in range(1, len(self.turns) + 1)]
+
+
+@dataclass(frozen=True)
+class BenchTurn:
+    """One user turn of a question: `number` counts its turns from 1."""
+
+    prompt: BenchPrompt
+    number: int = 1
+
+    @property
+    def text(self) -> str:
+        return self.prompt.turns[self.number - 1]
+
+    @property
+    def category(self) -> str:
+        return self.prompt.category
+
+    @property
+    def question_id(self) -> int | str:
+        return self.prompt.question_id
+
+    @property
+    def key(self) -> str:
+        """`writing/81#2` for a turn of a question with several; `qa/5` for the only one."""
+        if len(self.prompt.turns) == 1:
+            return self.prompt.key
+        return f"{self.prompt.key}#{self.number}"
+
+
+def conversations(prompts: Sequence[BenchPrompt], *, one_chat: bool) -> list[list[BenchTurn]]:
+    """The turns asked in each conversation, in order: every question's own
+    turns, or with `one_chat` every turn of every question in one chat."""
+    if one_chat:
+        return [[turn for prompt in prompts for turn in prompt.each_turn()]] if prompts else []
+    return [prompt.each_turn() for prompt in prompts]
 
 
 def default_prompts_path(
@@ -61,6 +129,31 @@ def _question_id(value: Any, where: str) -> int | str:
     return value
 
 
+def _record(line: str, where: str) -> BenchPrompt:
+    """One line of a prompts file as a question; BenchError naming `where` if malformed."""
+    try:
+        item = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise BenchError(f"{where}: not valid JSON ({exc.msg})") from None
+    if not isinstance(item, dict):
+        raise BenchError(f"{where}: expected a JSON object with question_id, category, turns")
+    missing = [key for key in ("question_id", "category", "turns") if key not in item]
+    if missing:
+        raise BenchError(f"{where}: missing {', '.join(missing)}")
+    category, turns = item["category"], item["turns"]
+    if not isinstance(category, str) or not category.strip():
+        raise BenchError(f"{where}: category must be a non-empty string, got {category!r}")
+    if (
+        not isinstance(turns, list)
+        or not turns
+        or not all(isinstance(turn, str) and turn.strip() for turn in turns)
+    ):
+        raise BenchError(
+            f"{where}: turns must be a list of one or more prompt texts (the user's turns)"
+        )
+    return BenchPrompt(_question_id(item["question_id"], where), category.strip(), tuple(turns))
+
+
 def load_prompts(
     path: str | Path,
     *,
@@ -68,7 +161,7 @@ def load_prompts(
     limit: int | None = None,
 ) -> list[BenchPrompt]:
     """Read a Spec-Bench JSONL file; keep `categories` (all by default) and at
-    most `limit` prompts per category, in file order.
+    most `limit` questions per category (each with all its turns), in file order.
 
     Raises BenchError naming the file and line of anything malformed, or an
     asked-for category that the file lacks.
@@ -82,33 +175,11 @@ def load_prompts(
         raise BenchError(f"{path}: cannot read the prompts file ({exc})") from None
     if limit is not None and limit < 1:
         raise BenchError(f"--limit must be >= 1, got {limit}")
-    prompts: list[BenchPrompt] = []
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        where = f"{path}:{number}"
-        try:
-            item = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise BenchError(f"{where}: not valid JSON ({exc.msg})") from None
-        if not isinstance(item, dict):
-            raise BenchError(f"{where}: expected a JSON object with question_id, category, turns")
-        missing = [key for key in ("question_id", "category", "turns") if key not in item]
-        if missing:
-            raise BenchError(f"{where}: missing {', '.join(missing)}")
-        category, turns = item["category"], item["turns"]
-        if not isinstance(category, str) or not category.strip():
-            raise BenchError(f"{where}: category must be a non-empty string, got {category!r}")
-        if (
-            not isinstance(turns, list)
-            or not turns
-            or not isinstance(turns[0], str)
-            or not turns[0].strip()
-        ):
-            raise BenchError(f"{where}: turns must be a list whose first item is the prompt text")
-        prompts.append(
-            BenchPrompt(_question_id(item["question_id"], where), category.strip(), turns[0])
-        )
+    prompts = [
+        _record(line, f"{path}:{number}")
+        for number, line in enumerate(lines, start=1)
+        if line.strip()
+    ]
     if not prompts:
         raise BenchError(f"{path}: the file holds no prompts")
     available = list(dict.fromkeys(prompt.category for prompt in prompts))

@@ -3,7 +3,10 @@
 `BenchReport.build` gathers what a `Benchmark` measured with the machine it ran
 on (`machine_info`: CPU model, cores, threads, memory, GPU) and the versions;
 `to_dict` is the `bench --json` file (schema `specrepl-bench/1`), which
-`compare` and the Markdown tables read back. No rich here.
+`compare` and the Markdown tables read back: the summary per category and
+overall, the summary per kind of turn (`summary_by_turn`: first turns, later
+turns, long inputs), and every prompt's runs, each with its verdict against
+target-only's tokens. No rich here.
 """
 
 from __future__ import annotations
@@ -23,8 +26,17 @@ import transformers
 from .. import __version__
 from ..atomic import write_text_atomically
 from ..widths import cpu_model
-from .figures import HF_GENERATE, OVERALL, Method, MethodRun, MethodSummary, PromptRecord, summarize
-from .prompts import BenchPrompt
+from .figures import (
+    HF_GENERATE,
+    OVERALL,
+    Method,
+    MethodRun,
+    MethodSummary,
+    PromptRecord,
+    summarize,
+    summarize_turns,
+)
+from .prompts import BenchTurn
 from .runner import Benchmark, BenchOptions
 
 __all__ = ["SCHEMA", "BenchReport", "machine_info", "versions"]
@@ -74,6 +86,14 @@ def versions() -> dict[str, str]:
     }
 
 
+def _summaries(groups: dict[str, dict[str, MethodSummary]]) -> dict[str, Any]:
+    """Summaries per group and method as JSON."""
+    return {
+        group: {name: asdict(summary) for name, summary in methods.items()}
+        for group, methods in groups.items()
+    }
+
+
 @dataclass
 class BenchReport:
     """Everything one benchmark produced, ready for the tables, the chart and JSON."""
@@ -86,7 +106,9 @@ class BenchReport:
     versions: dict[str, str]
     config: dict[str, Any]
     created: str
-    skipped: list[tuple[BenchPrompt, str]] = field(default_factory=list)
+    turn_summary: dict[str, dict[str, MethodSummary]] = field(default_factory=dict)
+    """Figures per kind of turn (`figures.TURN_GROUPS`), per method."""
+    skipped: list[tuple[BenchTurn, str]] = field(default_factory=list)
     interrupted: bool = False
     unavailable: dict[str, str] = field(default_factory=dict)
     """Peers asked for that could not run here, with the reason."""
@@ -121,6 +143,7 @@ class BenchReport:
                 },
             },
             created=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            turn_summary=summarize_turns(benchmark.records, benchmark.methods),
             skipped=list(benchmark.skipped),
             interrupted=interrupted,
             unavailable=dict(benchmark.unavailable),
@@ -173,10 +196,8 @@ class BenchReport:
                 }
                 for method in self.methods
             ],
-            "summary": {
-                category: {name: asdict(summary) for name, summary in methods.items()}
-                for category, methods in self.summary.items()
-            },
+            "summary": _summaries(self.summary),
+            "summary_by_turn": _summaries(self.turn_summary),
             "gamma_sweep": [
                 {"gamma": method.sweep_gamma, **asdict(overall[method.name])}
                 for method in self.sweep_methods
@@ -185,8 +206,14 @@ class BenchReport:
             "unavailable": dict(self.unavailable),
             "compile_seconds": self.compile_seconds,
             "skipped": [
-                {"question_id": prompt.question_id, "category": prompt.category, "reason": reason}
-                for prompt, reason in self.skipped
+                {
+                    "key": turn.key,
+                    "question_id": turn.question_id,
+                    "category": turn.category,
+                    "turn": turn.number,
+                    "reason": reason,
+                }
+                for turn, reason in self.skipped
             ],
             "prompts": [record.to_dict() for record in self.records],
         }

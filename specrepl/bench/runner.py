@@ -9,7 +9,18 @@ instead: transformers `generate()` plain, compiled, with `assistant_model`
 with `prompt_lookup_num_tokens`, and llama.cpp on the target's GGUF file
 (plain and with its prompt lookup, `llamacpp.py`). All methods get the same end tokens and token
 budget; each run is timed around the call with a clock that synchronizes the
-device. Greedy runs are compared token for token with the target-only output.
+device. Every run is compared token for token with the target-only output
+(`output_match.py`: greedy runs must be identical).
+
+A question with several turns is a conversation: each turn is measured as its
+own prompt, asked with the earlier turns and the target-only answers to them in
+its context (the same history for every method, encoded by
+`prompting.prompt_ids` as the REPL encodes its chat; the oldest turns go, as the
+REPL drops them, when the context would overflow). With `conversation`
+(`bench --chat`) every turn of the file belongs to one chat, and each specrepl
+method keeps its caches from one turn to the next as the REPL's session keeps
+them for each generator: the target's `PromptCache` and a drafter built to keep
+its own state. The peers keep nothing and read each turn's whole prompt.
 
 It never prints: progress goes through a callback.
 """
@@ -26,15 +37,18 @@ import torch
 from transformers import CompileConfig, GenerationConfig
 from transformers.utils import logging as hf_logging
 
+from ..answers import Message
 from ..devices import synchronize
-from ..draft_head import HeadLoadError, load_head, resolve_head
+from ..draft_head import DraftHead, HeadLoadError, load_head, resolve_head
 from ..drafters import DRAFTER_KINDS, Drafter, DrafterOptions, build_drafter
 from ..gamma import FixedGamma, GammaPolicy, make_policy
 from ..generation import autoregressive_generate, speculative_generate
 from ..llamacpp_drafter import RuntimeChoice, choose_drafter_runtime
 from ..models import ModelPair
+from ..output_match import compare_outputs
 from ..processors import LogitsProcessor
-from ..prompting import prompt_ids
+from ..prompt_cache import PromptCache
+from ..prompting import fit_history, has_chat_template, prompt_ids
 from ..results import StepEvent
 from ..settings import Settings
 from ..widths import WidthPlan, tune_pair_widths
@@ -46,6 +60,7 @@ from .figures import (
     HF_LOOKUP,
     LLAMACPP,
     LLAMACPP_LOOKUP,
+    LONG_INPUT_TOKENS,
     SPECULATIVE,
     TARGET,
     Method,
@@ -54,9 +69,16 @@ from .figures import (
     predict_from_steps,
 )
 from .llamacpp import LlamaCpp, LlamaCppUnavailable, open_llamacpp
-from .prompts import BenchError, BenchPrompt
+from .prompts import BenchError, BenchPrompt, BenchTurn, conversations
 
-__all__ = ["PEERS", "BenchOptions", "Benchmark", "GammaSpec", "ProgressCallback"]
+__all__ = [
+    "PEERS",
+    "BenchOptions",
+    "Benchmark",
+    "Conversation",
+    "GammaSpec",
+    "ProgressCallback",
+]
 
 PEERS = ("hf", "hf-lookup", "hf-compiled", "llamacpp", "none")
 HF_PEERS = frozenset({"hf", "hf-lookup", "hf-compiled"})
@@ -106,6 +128,10 @@ class BenchOptions:
     tune_widths: bool = True
     compile_backend: str = "inductor"
     """torch.compile's backend for the hf-compiled peer."""
+    conversation: bool = False
+    """`--chat`: every prompt of the file is a turn of one chat, caches kept between turns."""
+    long_input_tokens: int = LONG_INPUT_TOKENS
+    """A turn whose prompt has at least this many tokens counts as a long input."""
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
@@ -120,6 +146,8 @@ class BenchOptions:
             raise BenchError(f"--peers must be one of {', '.join(PEERS)}, got {unknown[0]!r}")
         if self.warmup < 0:
             raise BenchError(f"--warmup must be >= 0, got {self.warmup}")
+        if self.long_input_tokens < 1:
+            raise BenchError(f"--long-input must be >= 1, got {self.long_input_tokens}")
 
     @property
     def greedy(self) -> bool:
@@ -142,6 +170,8 @@ class BenchOptions:
             "system_prompt": self.system_prompt,
             "tune_widths": self.tune_widths,
             "compile_backend": self.compile_backend,
+            "conversation": self.conversation,
+            "long_input_tokens": self.long_input_tokens,
         }
 
 
@@ -163,11 +193,33 @@ def _transformers_default(name: str) -> Any:
     return defaults().get(name) if callable(defaults) else None
 
 
-def _first_mismatch(tokens: Sequence[int], reference: Sequence[int]) -> int | None:
-    for index, (token, expected) in enumerate(zip(tokens, reference, strict=False)):
-        if token != expected:
-            return index
-    return None if len(tokens) == len(reference) else min(len(tokens), len(reference))
+@dataclass
+class Conversation:
+    """One benchmark chat as the REPL's session holds it: how many turns were
+    asked, and the history the next turn is encoded with (each user turn and
+    the target-only answer to it)."""
+
+    history: list[Message] = field(default_factory=list)
+    asked: int = 0
+
+    def answered(self, question: str, answer: str | None) -> None:
+        """One more turn asked; with an `answer` (chat mode), both join the history."""
+        self.asked += 1
+        if answer is not None:
+            self.history += [
+                {"role": "user", "content": question},
+                {"role": "assistant", "content": answer},
+            ]
+
+
+@dataclass
+class _Kept:
+    """What `--chat` keeps from turn to turn for each specrepl method, as the
+    REPL keeps it for each generator: the target's cache, and a drafter built
+    to keep its own state (speculative methods)."""
+
+    caches: dict[str, PromptCache] = field(default_factory=dict)
+    drafters: dict[str, Drafter] = field(default_factory=dict)
 
 
 def _ratio(top: float | None, bottom: float | None) -> float | None:
@@ -188,10 +240,15 @@ class Benchmark:
         self.options = options
         self.drafter_runtime: RuntimeChoice | None = None
         """What runs the drafter model, once `_make_drafter` has chosen."""
+        self._head: DraftHead | None = None
         self.drafter = self._make_drafter()
         self.methods = self._make_methods()
+        self._check_conversation()
+        self.chat_template = options.chat and has_chat_template(pair.tokenizer)
+        """Whether prompts are chat messages (then a turn's history is in its prompt)."""
+        self._kept = _Kept()
         self.records: list[PromptRecord] = []
-        self.skipped: list[tuple[BenchPrompt, str]] = []
+        self.skipped: list[tuple[BenchTurn, str]] = []
         self.width_plans: dict[str, WidthPlan] = {}
         self.unavailable: dict[str, str] = {}
         """Peers that were asked for and cannot run here, with the reason."""
@@ -210,7 +267,6 @@ class Benchmark:
                 "add a [drafter] table or use --drafter-kind ngram or lookup"
             )
         model = self.pair.drafter.model if self.pair.drafter is not None else None
-        head = None
         if options.needs_head:
             if options.head is None:
                 raise BenchError(
@@ -218,7 +274,7 @@ class Benchmark:
                     "(or embedded), or a [drafter] head in the config"
                 )
             try:
-                head, _ = load_head(resolve_head(options.head), self.pair.target.model)
+                self._head, _ = load_head(resolve_head(options.head), self.pair.target.model)
             except HeadLoadError as error:
                 raise BenchError(str(error)) from None
         gguf = self.pair.drafter.gguf if self.pair.drafter is not None else None
@@ -226,15 +282,53 @@ class Benchmark:
             self.drafter_runtime = choose_drafter_runtime(options, model, gguf)
         except LlamaCppUnavailable as error:
             raise BenchError(f"the drafter cannot run in llama.cpp: {error}") from None
+        return self._build_drafter(keep_between_prompts=False)
+
+    def _build_drafter(self, *, keep_between_prompts: bool) -> Drafter:
+        """A drafter as the options ask, on the head and runtime chosen once."""
+        options = replace(self.options.drafter, kind=self.options.drafter_kind)
         runtime = self.drafter_runtime
         return build_drafter(
             options,
-            model,
-            head=head,
+            self.pair.drafter.model if self.pair.drafter is not None else None,
+            head=self._head,
             use_cache=self.options.use_cache,
+            keep_between_prompts=keep_between_prompts,
             copy_of_target=self.pair.drafter_is_copy,
-            model_runtime=None if runtime is None else runtime.model_drafter(),
+            model_runtime=None
+            if runtime is None
+            else runtime.model_drafter(keep_between_prompts=keep_between_prompts),
         )
+
+    def _check_conversation(self) -> None:
+        """`--chat` keeps a drafter per speculative method; llama.cpp holds one
+        state, which the sweep's methods would share (each finding the turn
+        another one read): refused."""
+        llama = self.drafter_runtime is not None and self.drafter_runtime.llama is not None
+        if self.options.conversation and self.options.sweep and llama:
+            raise BenchError(
+                "--chat with --gamma-sweep and a drafter in llama.cpp: the sweep's runs would"
+                " share llama.cpp's one drafter state; drop --gamma-sweep or give"
+                " --drafter-runtime torch"
+            )
+
+    def _keep_between_turns(self) -> None:
+        """`--chat`: a fresh target cache and drafter for each specrepl method, kept
+        from turn to turn as the REPL's session keeps them (the drafter keeps its
+        state only when greedy, as there)."""
+        keep = self.options.use_cache and self.options.greedy
+        self._kept = _Kept()
+        for method in self.methods:
+            if method.family != "specrepl":
+                continue
+            if self.options.use_cache:
+                self._kept.caches[method.name] = PromptCache()
+            if method.speculative:
+                drafter = self._build_drafter(keep_between_prompts=keep)
+                forget = getattr(drafter, "forget", None)
+                if forget is not None:  # a llama.cpp drafter's state is shared: the warm-up's
+                    forget()
+                self._kept.drafters[method.name] = drafter
 
     def _make_methods(self) -> list[Method]:
         options = self.options
@@ -385,15 +479,32 @@ class Benchmark:
             )
         return options
 
-    def prompt_ids(self, text: str) -> list[int]:
+    def prompt_ids(self, text: str, history: Sequence[Message] = ()) -> list[int]:
         """The prompt's token ids, encoded as the REPL encodes them
-        (`prompting.prompt_ids`: the chat template when the tokenizer has one)."""
+        (`prompting.prompt_ids`: the chat template over the system prompt,
+        `history` and `text` when the tokenizer has one)."""
         return prompt_ids(
             self.pair.tokenizer,
             text,
             chat=self.options.chat,
             system_prompt=self.options.system_prompt,
+            history=history,
         )
+
+    def fitted_prompt_ids(
+        self, text: str, history: Sequence[Message]
+    ) -> tuple[list[int], list[Message]]:
+        """`text`'s ids after `history`, and the history kept: the oldest turns go
+        while the prompt leaves no room for `max_new_tokens` (`prompting.fit_history`,
+        as the REPL fits its chat)."""
+        ids, kept, _ = fit_history(
+            self.prompt_ids(text, history),
+            history,
+            lambda shorter: self.prompt_ids(text, shorter),
+            room=self.options.max_new_tokens,
+            context=self.pair.context_length,
+        )
+        return ids, kept
 
     # -- timing one method ---------------------------------------------------
 
@@ -412,6 +523,7 @@ class Benchmark:
             "logits_processor": self.options.processor,
             "max_gen_len": budget,
             "on_step": events.append,
+            "prompt_cache": self._kept.caches.get(method.name),  # --chat: kept between turns
         }
         target = self.pair.target.model
         if not method.speculative:
@@ -422,8 +534,9 @@ class Benchmark:
                 if method.sweep_gamma is not None
                 else self.options.gamma.build()
             )
+            drafter = self._kept.drafters.get(method.name, self.drafter)
             result, seconds = self._timed(
-                lambda: speculative_generate(ids, self.drafter, target, gamma=policy, **common)
+                lambda: speculative_generate(ids, drafter, target, gamma=policy, **common)
             )
         return MethodRun.from_result(method.name, result, seconds, events)
 
@@ -582,12 +695,13 @@ class Benchmark:
 
     def total_runs(self, prompts: Sequence[BenchPrompt]) -> int:
         warmups = self.options.warmup * len(self.methods) if prompts else 0
-        return warmups + len(prompts) * len(self.methods)
+        return warmups + sum(len(prompt.turns) for prompt in prompts) * len(self.methods)
 
     def warm_up(
         self, prompt: BenchPrompt, on_progress: ProgressCallback | None = None, *, total: int = 0
     ) -> int:
-        """Run every method `options.warmup` times on `prompt` (short, not recorded)."""
+        """Run every method `options.warmup` times on `prompt`'s first turn (short,
+        not recorded)."""
         ids = self.prompt_ids(prompt.text)
         budget = min(self.budget(len(ids)), WARMUP_MAX_NEW_TOKENS)
         done = 0
@@ -603,54 +717,61 @@ class Benchmark:
 
     def measure(
         self,
-        prompt: BenchPrompt,
+        turn: BenchTurn,
         index: int,
         on_progress: ProgressCallback | None = None,
         *,
+        conversation: Conversation | None = None,
         done: int = 0,
         total: int = 0,
     ) -> PromptRecord | None:
-        """Run every method on one prompt (order reversed on odd `index`);
-        None when the prompt leaves no room for a new token."""
-        ids = self.prompt_ids(prompt.text)
+        """Run every method on one turn (order reversed on odd `index`), asked
+        after `conversation`'s history, which it then joins with the target-only
+        answer; None (and the history unchanged) when the turn leaves no room for
+        a new token."""
+        chat = conversation if conversation is not None else Conversation()
+        ids, history = self.fitted_prompt_ids(turn.text, chat.history)
         budget = self.budget(len(ids))
         if budget < 1:
-            self.skipped.append(
-                (
-                    prompt,
-                    f"{len(ids)} prompt tokens fill the {self.pair.context_length}-token context",
-                )
-            )
+            reason = f"{len(ids)} prompt tokens fill the {self.pair.context_length}-token context"
+            self.skipped.append((turn, reason))
             return None
         order = self.methods if index % 2 == 0 else self.methods[::-1]
         seed = self.options.seed + index
         runs: dict[str, MethodRun] = {}
         for step, method in enumerate(order):
             if on_progress is not None:
-                on_progress(done + step, total, f"{prompt.key} · {method.label}")
-            run = self._run_or_drop(method, ids, budget, seed, prompt.key)
+                on_progress(done + step, total, f"{turn.key} · {method.label}")
+            run = self._run_or_drop(method, ids, budget, seed, turn.key)
             if run is not None:
                 runs[method.name] = run
         self._compare(runs)
         record = PromptRecord(
-            prompt=prompt,
+            prompt=turn.prompt,
             prompt_tokens=len(ids),
             max_new_tokens=budget,
             order=[method.name for method in order],
             runs={method.name: runs[method.name] for method in self.methods},
             text=self.pair.tokenizer.decode(runs[TARGET].token_ids, skip_special_tokens=True),
+            turn=turn.number,
+            earlier_turns=chat.asked,
+            history_turns=len(history) // 2,
+            long_input=len(ids) >= self.options.long_input_tokens,
         )
         self.records.append(record)
+        chat.history = history
+        chat.answered(turn.text, record.text if self.chat_template else None)
         return record
 
     def _compare(self, runs: dict[str, MethodRun]) -> None:
-        """Identity with target-only (greedy), per-prompt speedups, predictions."""
+        """Tokens against target-only's, per-prompt speedups, predictions."""
         target = runs[TARGET]
         hf = runs.get(HF_GENERATE)
         for name, run in runs.items():
-            if self.options.greedy and name != TARGET:
-                run.first_mismatch = _first_mismatch(run.token_ids, target.token_ids)
-                run.identical = run.first_mismatch is None
+            if name != TARGET:
+                run.match = compare_outputs(
+                    run.token_ids, target.token_ids, greedy=self.options.greedy
+                )
             run.speedup_vs_target = _ratio(run.tokens_per_second, target.tokens_per_second)
             if hf is not None:
                 run.speedup_vs_hf = _ratio(run.tokens_per_second, hf.tokens_per_second)
@@ -658,10 +779,26 @@ class Benchmark:
                 run.prediction = predict_from_steps(run.events, target.events)
                 run.draft_cost_vs_target = _ratio(run.seconds_per_draft, target.target_step_seconds)
 
+    def _measure_all(
+        self, prompts: Sequence[BenchPrompt], on_progress: ProgressCallback | None, total: int
+    ) -> None:
+        """Every turn of every conversation in order (`--chat`: one conversation
+        of every turn, with the caches kept from turn to turn)."""
+        if self.options.conversation:
+            self._keep_between_turns()
+        done = self.options.warmup * len(self.methods)
+        index = 0
+        for turns in conversations(prompts, one_chat=self.options.conversation):
+            chat = Conversation()
+            for turn in turns:
+                self.measure(turn, index, on_progress, conversation=chat, done=done, total=total)
+                done += len(self.methods)
+                index += 1
+
     def run(
         self, prompts: Sequence[BenchPrompt], on_progress: ProgressCallback | None = None
     ) -> list[PromptRecord]:
-        """Warm up on the first prompt, then measure every prompt in turn."""
+        """Warm up on the first prompt, then measure every turn of every prompt in turn."""
         total = self.total_runs(prompts)
         if not prompts:
             return self.records
@@ -679,10 +816,7 @@ class Benchmark:
             self.open_llamacpp_peer()
             total = self.total_runs(prompts)
             self.warm_up(prompts[0], on_progress, total=total)
-            done = self.options.warmup * len(self.methods)
-            for index, prompt in enumerate(prompts):
-                self.measure(prompt, index, on_progress, done=done, total=total)
-                done += len(self.methods)
+            self._measure_all(prompts, on_progress, total)
         if on_progress is not None:
             on_progress(total, total, "done")
         return self.records

@@ -1,12 +1,15 @@
 """Tables and the chart of a finished benchmark (`runner.py` measures, this draws).
 
-`render_report` prints, on the console it is given, a rich table per category
-and one overall (median tokens/s, speedups over specrepl target-only and over
-transformers plain `generate()`, identical outputs, acceptance, tokens per
-target step, predicted speedup and measured/predicted), where the time of the
-specrepl runs goes (with the share of first drafts accepted and the drafter's
-seconds per drafted token over one target-only forward pass), the gamma
-sweep, and every greedy output that differs from target-only. `write_chart`
+`render_report` prints, on the console it is given, a rich table per category,
+one overall and, when the prompts were not all short first turns, one per kind
+of turn (first turns, later turns, long inputs) (median tokens/s, speedups over
+specrepl target-only and over transformers plain `generate()`, identical
+outputs, acceptance, tokens per target step, predicted speedup and
+measured/predicted), every prompt with its speculative speedup and whether its
+speculative text equals target-only's, where the time of the specrepl runs goes
+(with the share of first drafts accepted and the drafter's seconds per drafted
+token over one target-only forward pass), the gamma sweep, and every greedy
+output that differs from target-only. `write_chart`
 draws a PNG: speedup per category per method, and speedup against gamma for a
 sweep.
 
@@ -28,8 +31,25 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from .figures import HF_GENERATE, OVERALL, TARGET, Method, MethodSummary
-from .markdown import DASH, LLAMACPP_NOTE, format_number, format_percent, format_times
+from .figures import (
+    FIRST_TURNS,
+    HF_GENERATE,
+    LONG_INPUT,
+    OVERALL,
+    SPECULATIVE,
+    TARGET,
+    Method,
+    MethodSummary,
+)
+from .markdown import (
+    DASH,
+    LLAMACPP_NOTE,
+    PROMPT_HEADER,
+    format_number,
+    format_percent,
+    format_times,
+    prompt_row,
+)
 from .report import BenchReport
 
 if TYPE_CHECKING:
@@ -57,10 +77,20 @@ def _identical(summary: MethodSummary, method: Method) -> str:
 
 
 def _category_table(report: BenchReport, category: str) -> Table:
-    figures = report.summary[category]
+    return _summary_table(report, category, report.summary[category])
+
+
+def _turn_table(report: BenchReport, group: str) -> Table:
+    title = group
+    if group == LONG_INPUT:
+        title = f"long input, ≥ {report.options.long_input_tokens} prompt tokens"
+    return _summary_table(report, title, report.turn_summary[group])
+
+
+def _summary_table(report: BenchReport, title: str, figures: dict[str, MethodSummary]) -> Table:
+    """Every main method's figures over one group of prompts, a row each."""
     any_record = next(iter(figures.values()), None)
     count = 0 if any_record is None else any_record.prompts
-    title = "overall" if category == OVERALL else category
     table = Table(
         title=f"{escape(title)} ({count} prompt{'s' if count != 1 else ''})",
         box=box.SIMPLE_HEAD,
@@ -107,6 +137,27 @@ def _acceptance_cells(summary: MethodSummary) -> list[str]:
         format_times(summary.predicted_speedup),
         format_number(summary.measured_over_predicted, 2),
     ]
+
+
+def _prompts_table(report: BenchReport) -> Table:
+    """Every prompt: its kind of turn, the prompt tokens the speculative run fed,
+    its speedup, and whether its text equals target-only's (`prompt_row`)."""
+    table = Table(
+        title="per prompt (specrepl speculative against target-only)",
+        box=box.SIMPLE_HEAD,
+        title_justify="left",
+    )
+    for index, name in enumerate(PROMPT_HEADER):
+        table.add_column(
+            name, justify="left" if index in (0, 1, len(PROMPT_HEADER) - 1) else "right"
+        )
+    for record in report.records:
+        cells = [escape(cell) for cell in prompt_row(record.to_dict())]
+        match = record.runs[SPECULATIVE].match if SPECULATIVE in record.runs else None
+        if match is not None and match.alarming:
+            cells[-1] = f"[bold red]{cells[-1]}[/]"
+        table.add_row(*cells)
+    return table
 
 
 def _time_split_table(report: BenchReport) -> Table:
@@ -167,6 +218,25 @@ def _sweep_table(report: BenchReport) -> Table:
     return table
 
 
+def _render_mismatches(report: BenchReport, console: Console) -> None:
+    """Every greedy output that differs from target-only's, loudly (none expected)."""
+    mismatches = report.mismatches()
+    if not mismatches:
+        return
+    console.print(
+        f"[bold red]{len(mismatches)} greedy output(s) differ from specrepl target-only[/] "
+        "(a near-tie flipped by a different kernel order, or a bug):"
+    )
+    for record, run in mismatches[:MAX_LISTED_MISMATCHES]:
+        verdict = DASH if run.match is None else run.match.describe()
+        console.print(
+            f"  {escape(record.key)} {escape(run.method)}: {verdict} ({run.new_tokens} vs "
+            f"{record.runs[TARGET].new_tokens} tokens)"
+        )
+    if len(mismatches) > MAX_LISTED_MISMATCHES:
+        console.print(f"  … and {len(mismatches) - MAX_LISTED_MISMATCHES} more (see --json)")
+
+
 def render_report(report: BenchReport, console: Console) -> None:
     """Print every table of `report`, then the notes a reader must see."""
     machine, versions = report.machine, report.versions
@@ -184,6 +254,10 @@ def render_report(report: BenchReport, console: Console) -> None:
         for category in categories:
             console.print(_category_table(report, category))
         console.print(_category_table(report, OVERALL))
+        if set(report.turn_summary) - {FIRST_TURNS}:  # some later turns or long inputs
+            for group in report.turn_summary:
+                console.print(_turn_table(report, group))
+        console.print(_prompts_table(report))
         console.print(_time_split_table(report))
         if report.sweep_methods:
             console.print(_sweep_table(report))
@@ -196,20 +270,7 @@ def render_report(report: BenchReport, console: Console) -> None:
             "same prompt's runs. γ0 steps: the gamma policy chose the target alone; "
             "no-draft steps: the drafter had nothing to propose.[/]"
         )
-    mismatches = report.mismatches()
-    if mismatches:
-        console.print(
-            f"[bold red]{len(mismatches)} greedy output(s) differ from specrepl target-only[/] "
-            "(a near-tie flipped by a different kernel order, or a bug):"
-        )
-        for record, run in mismatches[:MAX_LISTED_MISMATCHES]:
-            console.print(
-                f"  {escape(record.prompt.key)} {escape(run.method)}: first difference at "
-                f"token {run.first_mismatch} ({run.new_tokens} vs "
-                f"{record.runs[TARGET].new_tokens} tokens)"
-            )
-        if len(mismatches) > MAX_LISTED_MISMATCHES:
-            console.print(f"  … and {len(mismatches) - MAX_LISTED_MISMATCHES} more (see --json)")
+    _render_mismatches(report, console)
     if report.compile_seconds is not None:
         console.print(
             f"HF generate (static cache, torch.compile): the first call, compilation included,"
@@ -219,8 +280,8 @@ def render_report(report: BenchReport, console: Console) -> None:
         console.print(f"[dim]{LLAMACPP_NOTE}[/]")
     for name, reason in report.unavailable.items():
         console.print(f"[yellow]{escape(name)} did not run: {escape(reason)}[/]")
-    for prompt, reason in report.skipped:
-        console.print(f"[yellow]skipped {escape(prompt.key)}: {escape(reason)}[/]")
+    for turn, reason in report.skipped:
+        console.print(f"[yellow]skipped {escape(turn.key)}: {escape(reason)}[/]")
     if report.interrupted:
         console.print("[yellow]Interrupted: the figures cover the prompts finished so far.[/]")
 
