@@ -9,27 +9,36 @@ what it saw is still valid. This module never calls the target.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, replace
 from typing import Protocol, runtime_checkable
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from .copy_attention import attend_in_cache_dtype, measure_attention
+from .devices import synchronize
 from .draft_head import DraftHead, HeadCache, target_fingerprint
 from .drafter_options import DRAFTER_KINDS, DrafterOptions
 from .forward import context_length, forward_logits, logits_width, model_device
 from .kv_cache import cached_length, can_copy_positions, copy_positions, new_cache, rollback_to
 from .processors import LogitsProcessor
 from .prompt_cache import PromptCache, common_prefix
+from .results import Offer
 
 
 @dataclass(frozen=True)
 class Draft:
-    """Proposed tokens (k,) and, when the drafter samples, their laws q (k, vocab)."""
+    """Proposed tokens (k,) and, when the drafter samples, their laws q (k, vocab).
+
+    `read_seconds` of the drafting went to reading `read_tokens` context
+    tokens the drafter had not seen (the read that also gives the first
+    draft's logits); a drafter that reads nothing leaves both at 0."""
 
     tokens: torch.Tensor
     probs: torch.Tensor | None
+    read_seconds: float = 0.0
+    read_tokens: int = 0
 
     def __len__(self) -> int:
         return int(self.tokens.shape[0])
@@ -54,6 +63,13 @@ class Drafter(Protocol):
     `features_held()`: after `begin`, how many leading positions of the prompt
     it already holds features for (the target then re-uses at most that many
     from a kept cache, see `PromptCache`).
+
+    Every drafter here also has `offers(sequence, k)`: what it can propose
+    now, as `Offer`s (one per draft source; a hybrid has two), with the
+    context it would have to read first, so that the gamma policy can price
+    each before choosing (`drafter_offers` gives one plain offer for a drafter
+    without it). A drafter with several sources takes the chosen one as
+    `propose(..., source=NAME)`.
     """
 
     name: str
@@ -149,6 +165,29 @@ def collect_draft(
     return Draft(torch.cat(tokens).to(device), torch.stack(laws).to(device) if laws else None)
 
 
+def drafter_offers(drafter: Drafter, sequence: torch.Tensor, k: int) -> list[Offer]:
+    """What `drafter` can propose for `sequence`, at most k tokens a source."""
+    offers = getattr(drafter, "offers", None)
+    if offers is None:  # a drafter written against the protocol before offers
+        return [Offer(drafter.name, k)]
+    return offers(sequence, k)
+
+
+def propose_from(
+    drafter: Drafter,
+    source: str,
+    sequence: torch.Tensor,
+    k: int,
+    processor: LogitsProcessor,
+    generator: torch.Generator | None,
+    min_confidence: float = 0.0,
+) -> Draft:
+    """`drafter.propose`, from the chosen `source` where the drafter has several."""
+    if isinstance(drafter, HybridDrafter):
+        return drafter.propose(sequence, k, processor, generator, min_confidence, source=source)
+    return drafter.propose(sequence, k, processor, generator, min_confidence)
+
+
 class ModelDrafter:
     """A small causal LM that shares the target's tokenizer (or a cheaper copy of the target).
 
@@ -226,6 +265,21 @@ class ModelDrafter:
         self.cache = None
         self._kept.drop()
 
+    def _room(self, sequence: torch.Tensor, k: int) -> int:
+        """How many of k drafts the drafter can give for `sequence` now."""
+        seen = sequence.shape[0] - self.offset
+        if self._seeded and seen - cached_length(self.cache) > 1:
+            # tokens the target has not read yet: it will, and hand over their keys and values
+            return 0
+        if self.context is not None:
+            # the drafter reads the sequence plus k - 1 of its own drafts
+            k = min(k, self.context - seen + 1)
+        return max(k, 0)
+
+    def offers(self, sequence: torch.Tensor, k: int) -> list[Offer]:
+        seen = sequence.shape[0] - self.offset
+        return [Offer(self.name, self._room(sequence, k), seen - cached_length(self.cache))]
+
     def propose(
         self,
         sequence: torch.Tensor,
@@ -234,26 +288,28 @@ class ModelDrafter:
         generator: torch.Generator | None,
         min_confidence: float = 0.0,
     ) -> Draft:
-        seen = sequence[self.offset :]
-        if self._seeded and seen.shape[0] - cached_length(self.cache) > 1:
-            # tokens the target has not read yet: it will, and hand over their keys and values
-            return Draft(sequence.new_empty(0), None)
-        if self.context is not None:
-            # the drafter reads the sequence plus k - 1 of its own drafts
-            k = min(k, self.context - seen.shape[0] + 1)
+        k = self._room(sequence, k)
         if k <= 0:
             return Draft(sequence.new_empty(0), None)
-        context = seen.to(self.device)
+        context = sequence[self.offset :].to(self.device)
+        unread = context.shape[0] - cached_length(self.cache)
         tokens: list[torch.Tensor] = []
         laws: list[torch.Tensor] = []
-        for _ in range(k):
+        read_seconds = 0.0
+        for index in range(k):
+            started = time.perf_counter()
             logits = forward_logits(self.model, context, self.cache, 1, self.vocab_size)[0]
+            if index == 0:  # the read of what the drafter had not seen
+                synchronize(self.device)
+                read_seconds = time.perf_counter() - started
             token = next_draft(logits, processor, generator, min_confidence, laws)
             if token is None:
                 break
             tokens.append(token)
             context = torch.cat((context, token))
-        return collect_draft(tokens, laws, sequence)
+        return replace(
+            collect_draft(tokens, laws, sequence), read_seconds=read_seconds, read_tokens=unread
+        )
 
     def update(
         self,
@@ -349,6 +405,10 @@ class HeadDrafter:
     def forget(self) -> None:
         self.cache = HeadCache()
         self.real, self.pending, self._seen = 0, None, None
+
+    def offers(self, sequence: torch.Tensor, k: int) -> list[Offer]:
+        ready = self.pending is not None and self.features_held() == sequence.shape[0] - 1
+        return [Offer(self.name, k if ready else 0)]
 
     @torch.no_grad()
     def propose(
@@ -493,6 +553,9 @@ class NgramDrafter:
         self.tokens = []
         self._add(prompt.tolist())
 
+    def offers(self, sequence: torch.Tensor, k: int) -> list[Offer]:
+        return [Offer(self.name, k)]
+
     def _continuation(self, tokens: list[int]) -> int | None:
         for order in range(min(self.max_order - 1, len(tokens)), 0, -1):
             best = self.best.get(tuple(tokens[-order:]))
@@ -559,6 +622,10 @@ class LookupDrafter:
     def begin(self, prompt: torch.Tensor, vocab_size: int) -> None:
         pass
 
+    def offers(self, sequence: torch.Tensor, k: int) -> list[Offer]:
+        draft = self.propose(sequence, k, None, None)  # type: ignore[arg-type]
+        return [Offer(self.name, len(draft), tokens=tuple(draft.tokens.tolist()))]
+
     def propose(
         self,
         sequence: torch.Tensor,
@@ -593,49 +660,33 @@ class HybridDrafter:
 
     Copying from the context costs no model call and is often right when the
     answer quotes its prompt (summaries, extraction, code edits); elsewhere the
-    model drafter is better informed. Each step the lookup candidate (from a
-    match of at least `min_match` tokens) is scored after verification against
-    the tokens the target kept, whether or not it was used, and the model's
-    drafts by how many were accepted. Lookup is used when
-    1 + (lookup tokens accepted per step) >= `cost_ratio` x (1 + model tokens
-    accepted per step), both running averages: a lookup step costs only the
-    target's verification, a model step also the drafting, and `cost_ratio`
-    is the share of a model step that verification takes (0.5 by default;
-    about 0.35 for the embedded pair on a 2-core CPU). The model drafter
-    catches up on the tokens it did not draft through its cache.
+    model drafter is better informed. The hybrid does not choose by itself:
+    it offers both sources each step (`offers`: the lookup candidate, from a
+    match of at least `min_match` tokens, with its tokens; the model with the
+    context it would have to read first), and the gamma policy picks the one
+    it expects to give the most tokens per second from what each source's
+    drafts have measured (`gamma.StepEstimates`; the lookup candidate is
+    scored against the target's tokens even on steps that used the model).
+    The model drafter catches up on the tokens it did not draft through its
+    cache. `propose` without a source takes the lookup candidate when there
+    is one.
     """
 
-    DECAY = 0.8
-
-    def __init__(
-        self,
-        model: Drafter,
-        lookup: LookupDrafter,
-        *,
-        min_match: int = 2,
-        cost_ratio: float = 0.5,
-    ) -> None:
-        if not 0 < cost_ratio <= 1:
-            raise ValueError(f"cost_ratio must be in (0, 1], got {cost_ratio}")
+    def __init__(self, model: Drafter, lookup: LookupDrafter, *, min_match: int = 2) -> None:
         self.model = model
         self.lookup = LookupDrafter(lookup.max_ngram, max(min_match, lookup.min_ngram))
         self.name = "hybrid"
         self.width = model.width
         self.uses_target_features = getattr(model, "uses_target_features", False)
         self.uses_target_cache = getattr(model, "uses_target_cache", False)
-        self.cost_ratio = cost_ratio
         self.last_source = "none"
-        self.lookup_gain = 2.0  # optimistic start: lookup is tried first
-        self.model_gain = 2.0
-        self._candidate: list[int] = []
-        self._start = 0
-        self._proposed = 0
+        self._candidate: tuple[torch.Tensor, Draft] | None = None  # lookup's, for one sequence
 
     def begin(self, prompt: torch.Tensor, vocab_size: int) -> None:
         self.model.begin(prompt, vocab_size)
         self.lookup.begin(prompt, vocab_size)
-        self.lookup_gain = self.model_gain = 2.0
         self.last_source = "none"
+        self._candidate = None
 
     def features_held(self) -> int:
         return self.model.features_held() if isinstance(self.model, HeadDrafter) else 0
@@ -645,6 +696,21 @@ class HybridDrafter:
         if forget is not None:
             forget()
 
+    def _lookup(self, sequence: torch.Tensor, k: int) -> Draft:
+        """Lookup's candidate for `sequence` (found once per step)."""
+        if self._candidate is not None and self._candidate[0] is sequence:
+            return Draft(self._candidate[1].tokens[:k], None)
+        draft = self.lookup.propose(sequence, k, None, None)  # type: ignore[arg-type]
+        self._candidate = (sequence, draft)
+        return draft
+
+    def offers(self, sequence: torch.Tensor, k: int) -> list[Offer]:
+        candidate = self._lookup(sequence, k)
+        found = [Offer("lookup", len(candidate), tokens=tuple(candidate.tokens.tolist()))]
+        # the model first: lookup's candidate is scored on every step whichever is used,
+        # the model's drafts only when it drafts
+        return [*drafter_offers(self.model, sequence, k), *(found if len(candidate) else [])]
+
     def propose(
         self,
         sequence: torch.Tensor,
@@ -652,21 +718,15 @@ class HybridDrafter:
         processor: LogitsProcessor,
         generator: torch.Generator | None,
         min_confidence: float = 0.0,
+        *,
+        source: str | None = None,
     ) -> Draft:
-        candidate = self.lookup.propose(sequence, k, processor, generator, min_confidence)
-        self._candidate = candidate.tokens.tolist()
-        self._start = int(sequence.shape[0])
-        if self._candidate and 1 + self.lookup_gain >= self.cost_ratio * (1 + self.model_gain):
+        candidate = self._lookup(sequence, k)
+        if len(candidate) and source in (None, "lookup"):
             self.last_source = "lookup"
-            draft = candidate
-        else:
-            self.last_source = "model"
-            draft = self.model.propose(sequence, k, processor, generator, min_confidence)
-        self._proposed = len(draft)
-        return draft
-
-    def _average(self, old: float, new: float) -> float:
-        return self.DECAY * old + (1 - self.DECAY) * new
+            return candidate
+        self.last_source = "model"
+        return self.model.propose(sequence, k, processor, generator, min_confidence)
 
     def update(
         self,
@@ -676,18 +736,7 @@ class HybridDrafter:
         target_features: torch.Tensor | None = None,
         target_cache: DynamicCache | None = None,
     ) -> None:
-        if self._proposed:
-            kept = sequence[self._start :].tolist()
-            if self._candidate:
-                matched = 0
-                for drafted, actual in zip(self._candidate, kept, strict=False):
-                    if drafted != actual:
-                        break
-                    matched += 1
-                self.lookup_gain = self._average(self.lookup_gain, matched)
-            if self.last_source == "model":
-                self.model_gain = self._average(self.model_gain, valid_length - self._start)
-        self._candidate, self._proposed = [], 0
+        self._candidate = None
         extra = {"target_cache": target_cache} if self.uses_target_cache else {}
         self.model.update(sequence, valid_length, target_logits, target_features, **extra)
 
@@ -744,12 +793,5 @@ def build_drafter(
             copy_of_target=copy_of_target,
         )
     if options.kind == "hybrid":
-        # a head's drafts cost next to nothing beside the verification they share with a
-        # lookup step, so lookup must promise as many tokens to be chosen (cost_ratio 1)
-        return HybridDrafter(
-            inner,
-            LookupDrafter(options.max_ngram),
-            min_match=options.min_match,
-            cost_ratio=1.0 if options.needs_head else 0.5,
-        )
+        return HybridDrafter(inner, LookupDrafter(options.max_ngram), min_match=options.min_match)
     return inner

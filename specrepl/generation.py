@@ -18,18 +18,26 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Generator, Iterable, Iterator
+from dataclasses import replace
 
 import torch
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 from .devices import synchronize
-from .drafters import Draft, Drafter, as_drafter
+from .drafters import Draft, Drafter, as_drafter, drafter_offers, propose_from
 from .forward import context_length, forward_pass, logits_width, model_device
-from .gamma import FixedGamma, GammaPolicy
+from .gamma import Choice, FixedGamma, GammaPolicy
 from .kv_cache import cached_length, new_cache, rollback_to
 from .processors import GreedyProcessor, LogitsProcessor
 from .prompt_cache import PromptCache
-from .results import GenerationResult, GeneratorKind, StepEvent, StopReason
+from .results import (
+    BUDGET_END,
+    PROMPT_PASS,
+    GenerationResult,
+    GeneratorKind,
+    StepEvent,
+    StopReason,
+)
 from .verification import verify_greedy, verify_sampling
 from .widths import width_plan
 
@@ -194,18 +202,16 @@ def _steps(
     policy.start()
     _prime(policy, target)
     generated = 0
-    empty = sequence.new_empty(0)
     while generated < limit:
         step_start = clock.now()
         budget = limit - generated
-        requested = policy.next_gamma()
-        k = min(requested, budget - 1)
-        if drafter is not None and k > 0:
-            draft = drafter.propose(
-                sequence, k, logits_processor, generator, min_confidence=policy.min_confidence
-            )
+        if generated == 0:
+            # the first token comes from the target's own prompt pass, at its pace;
+            # the drafter reads the prompt in the next step
+            choice = Choice("", 0, PROMPT_PASS)
         else:
-            draft = Draft(empty, None)
+            choice = _choose(drafter, policy, sequence, budget)
+        draft = _draft(drafter, choice, sequence, logits_processor, generator, policy)
         drafted_at = clock.now()
         k = len(draft)
         length = sequence.shape[0]
@@ -242,7 +248,11 @@ def _steps(
             draft_seconds=drafted_at - step_start,
             target_seconds=verified_at - drafted_at,
             seconds_since_start=clock.active,
-            requested_gamma=requested,
+            requested_gamma=choice.gamma,
+            source=choice.source if k else "",
+            read_seconds=draft.read_seconds,
+            read_tokens=draft.read_tokens,
+            choice=choice.reason,
         )
         policy.observe(event)
         yield event
@@ -250,6 +260,33 @@ def _steps(
         if stop is not None:
             return stop, sequence
     return None, sequence
+
+
+def _choose(
+    drafter: Drafter | None, policy: GammaPolicy, sequence: torch.Tensor, budget: int
+) -> Choice:
+    """The policy's choice of draft source and gamma among what the drafter offers
+    (at most `budget - 1` drafts: the target adds one token after them)."""
+    room = min(policy.max_gamma, budget - 1)
+    if drafter is None or room <= 0:
+        return Choice("", 0, "no drafter" if drafter is None else BUDGET_END)
+    choice = policy.choose(drafter_offers(drafter, sequence, room), budget)
+    return replace(choice, gamma=min(choice.gamma, room))
+
+
+def _draft(
+    drafter: Drafter | None,
+    choice: Choice,
+    sequence: torch.Tensor,
+    processor: LogitsProcessor,
+    generator: torch.Generator | None,
+    policy: GammaPolicy,
+) -> Draft:
+    if drafter is None or choice.gamma <= 0:
+        return Draft(sequence.new_empty(0), None)
+    return propose_from(
+        drafter, choice.source, sequence, choice.gamma, processor, generator, policy.min_confidence
+    )
 
 
 def _verify(
@@ -270,14 +307,19 @@ def _verify(
 
 
 def _prime(policy: GammaPolicy, target: PreTrainedModel) -> None:
-    """Tell a policy that can use them the target's step costs per number of drafts,
-    from its forward-width timings (a step with k drafts feeds k + 1 tokens, padded
-    to the width the plan chose)."""
-    prime = getattr(policy, "prime", None)
+    """Tell the policy the target's step costs per number of drafts, from its
+    forward-width timings (a step with k drafts feeds k + 1 tokens, padded to
+    the width the plan chose)."""
     plan = width_plan(target)
-    if prime is None or plan is None:
+    if plan is None:
         return
-    prime({width - 1: plan.seconds[padded] for width, padded in plan.padded.items()})
+    policy.prime(
+        {
+            width - 1: plan.seconds[padded]
+            for width, padded in plan.padded.items()
+            if padded in plan.seconds
+        }
+    )
 
 
 def _collect(

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -36,15 +36,18 @@ from .drafter_options import DRAFTER_RUNTIMES, DrafterOptions
 from .drafters import Draft, collect_draft, next_draft
 from .llamacpp import LlamaCppUnavailable, import_llamacpp, open_gguf
 from .processors import LogitsProcessor
+from .results import Offer
 from .widths import measure_widths
 
 __all__ = [
     "MAX_CONTEXT",
+    "DraftView",
     "LlamaCppDrafter",
     "RuntimeChoice",
+    "auto_window",
     "choose_drafter_runtime",
     "choose_runtime",
-    "llama_step_seconds",
+    "llama_costs",
 ]
 
 MAX_CONTEXT = 16384
@@ -53,21 +56,118 @@ up front); past that the llama.cpp drafter drafts nothing, as any drafter at
 its context's end, and the target goes on alone."""
 
 
+READ_BUDGET_STEPS = 4.0
+"""With an automatic window, one catch-up read of the llama.cpp drafter may cost
+at most this many one-token target steps (measured costs on both sides): a
+pasted document then delays drafting by about as much as four tokens of the
+target, whatever the machine, while the target reads all of it."""
+
+MIN_WINDOW = 32
+"""The fewest unseen tokens an automatic window lets the drafter read at once."""
+
+SINK_TOKENS = 4
+"""Tokens from the sequence's start a windowed view always holds."""
+
+
+def auto_window(target_step_seconds: float, read_seconds_per_token: float) -> int:
+    """The most unseen tokens one read may take: `READ_BUDGET_STEPS` target steps'
+    worth at the drafter's measured batched read cost, at least `MIN_WINDOW`."""
+    if read_seconds_per_token <= 0:
+        return MIN_WINDOW
+    return max(MIN_WINDOW, int(READ_BUDGET_STEPS * target_step_seconds / read_seconds_per_token))
+
+
+class DraftView:
+    """Which tokens of the sequence the drafter's cache holds.
+
+    A windowed drafter does not read every token: after a long unseen stretch
+    (a pasted document) it reads only the stretch's last `window` tokens. Its
+    cache then holds spans of the sequence laid end to end at consecutive
+    positions (StreamingLLM-like: the start of the chat, then recent text);
+    the keys and values of a span depend only on the spans before it, so the
+    tokens skipped in between may change without harm. Without a window the
+    view is the sequence's prefix, one span.
+    """
+
+    def __init__(self) -> None:
+        self.spans: list[tuple[int, int]] = []  # [start, end) in the sequence
+        self.tokens: list[int] = []  # what the cache holds, in order
+
+    @property
+    def covered(self) -> int:
+        """Sequence positions up to which the view accounts for the text."""
+        return self.spans[-1][1] if self.spans else 0
+
+    def cut_view(self, length: int) -> None:
+        """Keep the first `length` held tokens."""
+        kept: list[tuple[int, int]] = []
+        left = length
+        for start, end in self.spans:
+            if left <= 0:
+                break
+            take = min(end - start, left)
+            kept.append((start, start + take))
+            left -= take
+        self.spans = kept
+        del self.tokens[length:]
+
+    def held_before(self, position: int) -> int:
+        """How many held tokens come from sequence positions before `position`."""
+        count = 0
+        for start, end in self.spans:
+            if start >= position:
+                break
+            count += min(end, position) - start
+        return count
+
+    def agreeing(self, ids: list[int]) -> int:
+        """Held tokens (from the first) whose sequence positions still hold them in `ids`."""
+        count = 0
+        for start, end in self.spans:
+            for position in range(start, end):
+                if position >= len(ids) or ids[position] != self.tokens[count]:
+                    return count
+                count += 1
+        return count
+
+    def extend(self, start: int, tokens: list[int]) -> None:
+        """The cache read `tokens`, found at sequence positions from `start`."""
+        if not tokens:
+            return
+        if self.spans and self.spans[-1][1] == start:
+            self.spans[-1] = (self.spans[-1][0], start + len(tokens))
+        else:
+            self.spans.append((start, start + len(tokens)))
+        self.tokens.extend(tokens)
+
+
 class LlamaCppDrafter:
     """Drafts with a `llama_cpp.Llama` holding the drafter model's GGUF file.
 
-    Each `propose` brings llama.cpp's state to the sequence (keeping the
-    prefix it already holds, feeding the rest in one batch), then drafts up to
-    k tokens, feeding each but the last back. `update` truncates to the
-    tokens verification kept. With `keep_between_prompts` a new generation
-    keeps the prefix it shares with the last one (a chat); otherwise it
-    starts empty. Several drafters may share one `Llama`: each reads the
-    binding's own record of what it holds.
+    Each `propose` brings llama.cpp's state to the sequence (keeping what it
+    already holds, feeding the rest in one batch), then drafts up to k tokens,
+    feeding each but the last back. `update` cuts back to the tokens
+    verification kept. With `keep_between_prompts` a new generation keeps
+    what it shares with the last one (a chat); otherwise it starts empty.
+
+    `window` bounds one read: of a longer unseen stretch only the last
+    `window` tokens are read (`DraftView`), so a pasted document costs the
+    drafter a short read while the target reads all of it (the output does not
+    change: the target verifies). None reads everything. Several drafters may
+    share one `Llama`: each checks its view against the binding's own record
+    of what it holds.
     """
 
     def __init__(
-        self, llama: Any, *, keep_between_prompts: bool = False, name: str = "model"
+        self,
+        llama: Any,
+        *,
+        keep_between_prompts: bool = False,
+        name: str = "model",
+        window: int | None = None,
     ) -> None:
+        if window is not None and window < 1:
+            raise ValueError(f"window must be >= 1 or None, got {window}")
         self._llama_cpp = import_llamacpp()
         self.llama = llama
         self.name = name
@@ -77,7 +177,9 @@ class LlamaCppDrafter:
         # llama.cpp itself may round up
         self.context = min(int(llama.n_ctx()), len(llama.input_ids))
         self.keep_between_prompts = keep_between_prompts
+        self.window = window
         self.uses_target_features = False
+        self.view = DraftView()
 
     def begin(self, prompt: torch.Tensor, vocab_size: int) -> None:
         self.vocab_size = min(vocab_size, self.width)
@@ -86,24 +188,65 @@ class LlamaCppDrafter:
 
     def forget(self) -> None:
         self.llama.n_tokens = 0  # the next evaluation drops every cached position
+        self.view = DraftView()
 
     def held(self) -> list[int]:
         """The tokens llama.cpp holds keys and values for."""
         return [int(t) for t in self.llama.input_ids[: self.llama.n_tokens]]
 
-    def _read(self, ids: list[int]) -> None:
-        """Hold exactly `ids`, with the logits after its last token."""
-        held = np.asarray(self.llama.input_ids[: self.llama.n_tokens])
-        shared = min(held.shape[0], len(ids) - 1)  # the last token is fed again: its logits
-        differ = np.flatnonzero(held[:shared] != np.asarray(ids[:shared]))
-        keep = int(differ[0]) if differ.size else shared
-        self.llama.n_tokens = keep  # `eval` removes every position from here on
-        self.llama.eval(ids[keep:])
+    def _sync(self, ids: list[int]) -> None:
+        """Cut the view to what llama.cpp still holds (another drafter may have
+        used it) and to what `ids` still agrees with, the last token excepted
+        (it is fed again for its logits)."""
+        binding = self.llama.input_ids[: self.llama.n_tokens]
+        mine = np.asarray(self.view.tokens[: len(binding)], dtype=binding.dtype)
+        differ = np.flatnonzero(binding[: mine.shape[0]] != mine)
+        held = int(differ[0]) if differ.size else mine.shape[0]
+        self.view.cut_view(min(held, self.view.agreeing(ids)))
+        self.view.cut_view(self.view.held_before(len(ids) - 1))
+
+    def _plan(self, ids: list[int]) -> int:
+        """Where the next read starts in `ids` (after `_sync`)."""
+        start = self.view.covered
+        if self.window is not None and len(ids) - start > self.window:
+            start = len(ids) - self.window  # skip to the stretch's last `window` tokens
+        return start
+
+    def _read(self, ids: list[int]) -> int:
+        """Hold the view of `ids`, with the logits after its last token; returns
+        how many tokens were read. A view that skips part of the text keeps the
+        sequence's first `SINK_TOKENS` tokens (the chat's start, where attention
+        pools, as in StreamingLLM)."""
+        self._sync(ids)
+        start = self._plan(ids)
+        self.llama.n_tokens = len(self.view.tokens)  # `eval` removes every position from here
+        read = 0
+        if not self.view.tokens and start > 0:
+            sink = ids[: min(SINK_TOKENS, start)]
+            self.llama.eval(sink)
+            self.view.extend(0, sink)
+            read += len(sink)
+        fresh = ids[start:]
+        self.llama.eval(fresh)
+        self.view.extend(start, fresh)
+        return read + len(fresh)
 
     def _logits(self, device: torch.device) -> torch.Tensor:
         pointer = self._llama_cpp.llama_get_logits_ith(self.llama.ctx, -1)
         row = np.ctypeslib.as_array(pointer, shape=(self.width,))
         return torch.from_numpy(row[: self.vocab_size].copy()).to(device)
+
+    def _room(self, ids: list[int], k: int) -> int:
+        """Drafts that fit: llama.cpp reads the view plus k - 1 of its own drafts."""
+        if not ids:
+            return 0
+        unread = len(ids) - self._plan(ids)
+        return max(0, min(k, self.context - (len(self.view.tokens) + unread) + 1))
+
+    def offers(self, sequence: torch.Tensor, k: int) -> list[Offer]:
+        ids = sequence.tolist()
+        self._sync(ids)
+        return [Offer(self.name, self._room(ids, k), len(ids) - self._plan(ids))]
 
     def propose(
         self,
@@ -114,11 +257,13 @@ class LlamaCppDrafter:
         min_confidence: float = 0.0,
     ) -> Draft:
         ids = sequence.tolist()
-        # llama.cpp reads the sequence plus k - 1 of its own drafts
-        k = min(k, self.context - len(ids) + 1)
-        if k <= 0 or not ids:
+        self._sync(ids)
+        k = self._room(ids, k)
+        if k <= 0:
             return Draft(sequence.new_empty(0), None)
-        self._read(ids)
+        started = time.perf_counter()
+        read = self._read(ids)
+        read_seconds = time.perf_counter() - started
         tokens: list[torch.Tensor] = []
         laws: list[torch.Tensor] = []
         for index in range(k):
@@ -129,7 +274,9 @@ class LlamaCppDrafter:
             tokens.append(token)
             if index + 1 < k:
                 self.llama.eval([int(token)])
-        return collect_draft(tokens, laws, sequence)
+                self.view.extend(len(ids) + index, [int(token)])
+        draft = collect_draft(tokens, laws, sequence)
+        return replace(draft, read_seconds=read_seconds, read_tokens=read)
 
     def update(
         self,
@@ -139,17 +286,25 @@ class LlamaCppDrafter:
         target_features: torch.Tensor | None = None,
         target_cache: Any = None,
     ) -> None:
-        self.llama.n_tokens = min(self.llama.n_tokens, valid_length)
+        self.view.cut_view(self.view.held_before(valid_length))
+        self.llama.n_tokens = min(self.llama.n_tokens, len(self.view.tokens))
 
 
-def llama_step_seconds(llama: Any, *, context: int = 48, repeats: int = 5, seed: int = 0) -> float:
+def llama_costs(
+    llama: Any, *, context: int = 64, repeats: int = 5, seed: int = 0
+) -> tuple[float, float]:
     """Median seconds of one decoding step after `context` tokens in llama.cpp
-    (as `widths.measure_widths` times torch: the first repeat warms up). The
-    state is emptied afterwards."""
+    (as `widths.measure_widths` times torch: the first repeat warms up), and
+    seconds per token of reading `context` tokens in one batch. The state is
+    emptied afterwards."""
     generator = torch.Generator().manual_seed(seed)
     tokens = torch.randint(0, int(llama.n_vocab()), (context + 1,), generator=generator).tolist()
-    llama.n_tokens = 0
-    llama.eval(tokens[:context])
+    reads = []
+    for _ in range(2):  # the first read warms up
+        llama.n_tokens = 0
+        start = time.perf_counter()
+        llama.eval(tokens[:context])
+        reads.append(time.perf_counter() - start)
     times = []
     for repeat in range(repeats + 1):
         llama.n_tokens = context
@@ -158,7 +313,7 @@ def llama_step_seconds(llama: Any, *, context: int = 48, repeats: int = 5, seed:
         if repeat:
             times.append(time.perf_counter() - start)
     llama.n_tokens = 0
-    return statistics.median(times)
+    return statistics.median(times), reads[-1] / context
 
 
 @dataclass(frozen=True)
@@ -168,7 +323,8 @@ class RuntimeChoice:
     llama: Any | None
     reason: str
     seconds: dict[str, float] = field(default_factory=dict)
-    """Measured seconds of one drafting step, by runtime ("torch", "llamacpp")."""
+    """Measured seconds of one drafting step, by runtime ("torch", "llamacpp"), and
+    of reading one token in a batch in llama.cpp ("llamacpp_read")."""
 
     @property
     def runtime(self) -> str:
@@ -177,12 +333,35 @@ class RuntimeChoice:
     def describe(self) -> str:
         return f"{'llama.cpp' if self.llama is not None else 'torch'}: {self.reason}"
 
-    def model_drafter(self, *, keep_between_prompts: bool = False) -> LlamaCppDrafter | None:
+    def model_drafter(
+        self,
+        *,
+        keep_between_prompts: bool = False,
+        window: int = 0,
+        target_step_seconds: float | None = None,
+    ) -> LlamaCppDrafter | None:
         """The drafter over llama.cpp to use in place of torch's (`build_drafter`'s
-        `model_runtime`), or None when torch drafts."""
+        `model_runtime`), or None when torch drafts. `window` > 0 bounds each
+        read to that many tokens; 0 chooses the bound from measured costs
+        (`auto_window`: the target's one-token step, `target_step_seconds`,
+        against llama.cpp's batched read), or reads everything when the
+        target's step is not known."""
         if self.llama is None:
             return None
-        return LlamaCppDrafter(self.llama, keep_between_prompts=keep_between_prompts)
+        return LlamaCppDrafter(
+            self.llama,
+            keep_between_prompts=keep_between_prompts,
+            window=self.read_window(window, target_step_seconds),
+        )
+
+    def read_window(self, window: int, target_step_seconds: float | None) -> int | None:
+        """The bound on one read of the llama.cpp drafter (None: none; see `model_drafter`)."""
+        if window > 0:
+            return window
+        read = self.seconds.get("llamacpp_read")
+        if target_step_seconds is None or read is None:
+            return None
+        return auto_window(target_step_seconds, read)
 
 
 def choose_runtime(
@@ -208,7 +387,8 @@ def choose_runtime(
     threads = threads or torch.get_num_threads()
     if requested == "llamacpp":
         llama = open_gguf(gguf, context_length=context, threads=threads)
-        return RuntimeChoice(llama, "asked for", {"llamacpp": llama_step_seconds(llama)})
+        step, read = llama_costs(llama)
+        return RuntimeChoice(llama, "asked for", {"llamacpp": step, "llamacpp_read": read})
     device = next(model.parameters()).device
     if device.type != "cpu":
         return RuntimeChoice(None, f"the drafter runs on {device.type}; llama.cpp here on the CPU")
@@ -216,7 +396,8 @@ def choose_runtime(
         llama = open_gguf(gguf, context_length=context, threads=threads)
     except LlamaCppUnavailable as error:
         return RuntimeChoice(None, str(error))
-    seconds = {"llamacpp": llama_step_seconds(llama), "torch": measure_widths(model, 1)[1]}
+    step, read = llama_costs(llama)
+    seconds = {"llamacpp": step, "llamacpp_read": read, "torch": measure_widths(model, 1)[1]}
     ratio = seconds["llamacpp"] / seconds["torch"]
     if ratio < 1:
         return RuntimeChoice(llama, f"a step costs {ratio:.2f} of torch's, measured", seconds)
@@ -227,15 +408,7 @@ def choose_drafter_runtime(
     options: DrafterOptions, model: PreTrainedModel | None, gguf: Path | None
 ) -> RuntimeChoice | None:
     """What runs the drafter model for the drafter `options` describe (None
-    when no model drafts): `choose_runtime` with `options.runtime`, except that
-    a prompt window (`options.window`) is torch's alone (asking for llama.cpp
-    with one raises LlamaCppUnavailable saying so)."""
+    when no model drafts): `choose_runtime` with `options.runtime`."""
     if not options.needs_model or model is None:
         return None
-    if options.window:
-        if options.runtime == "llamacpp":
-            raise LlamaCppUnavailable(
-                "it reads the whole prompt: set the drafter window to 0, or the runtime to torch"
-            )
-        return RuntimeChoice(None, "a prompt window is set, which only torch's drafter reads")
     return choose_runtime(options.runtime, model, gguf)

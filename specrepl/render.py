@@ -3,7 +3,8 @@
 This is the only module that prints. It draws the loaded models, the result of
 each command, the streamed answer of each generator (a panel per generator,
 updated as steps arrive; in debug mode the accepted, rejected and corrected
-tokens of every speculative step), the summary table with the speedup, the
+tokens of every speculative step), the summary table with the speedup and,
+under it, whether the speculative tokens equal the target-only tokens, the
 per-position acceptance histogram, and the progress and result of a soak.
 `settings_line` gives the one-line summary
 that the REPL puts in its bottom toolbar.
@@ -51,6 +52,7 @@ from .commands import (
     ShowSettings,
     ShowWidths,
 )
+from .output_match import OutputMatch
 from .prompting import printable
 from .settings import Settings
 
@@ -177,6 +179,19 @@ def _speedup(value: float | None) -> Text:
     return Text(f"{value:.2f}×", style=style)
 
 
+def _match_line(match: OutputMatch) -> Text:
+    """Under the summary: whether the speculative tokens equal the target-only ones
+    (a greedy difference in bold red: it must not happen)."""
+    line = f"speculative vs target-only: {match.describe()}"
+    if match.alarming:
+        return Text(
+            f"{line} (greedy speculative decoding must give the target's own tokens:"
+            " a near-tie flipped by another kernel order, or a bug)",
+            style="bold red",
+        )
+    return Text(line + (" tokens" if match.identical else ""), style="dim")
+
+
 class AnswerView:
     """Streams one answer: a live panel per generator, filled step by step.
 
@@ -248,8 +263,10 @@ class AnswerView:
     def step(self, event: RunStep) -> None:
         pieces = event.pieces
         if self.debug and pieces is not None:
-            # the gamma the policy chose for this step, before its tokens
-            self.body.append(f"‹{event.step.requested_gamma}›", style="dim")
+            # the source and gamma the policy chose for this step, before its tokens
+            # (L: prompt lookup, M: the drafter model, H: a draft head, N: n-grams)
+            source = event.step.source[:1].upper()
+            self.body.append(f"‹{source}{event.step.requested_gamma}›", style="dim")
             for piece in pieces.accepted:
                 self.body.append(printable(piece), style=ACCEPTED_STYLE)
             if pieces.rejected is not None:
@@ -533,6 +550,9 @@ class Renderer:
             return
         if answer.runs:
             self.console.print(self._summary(answer))
+        match = answer.output_match
+        if match is not None:
+            self.console.print(_match_line(match))
         if answer.interrupted:
             self.console.print(
                 "Interrupted: the partial answer is not added to the chat history.",
@@ -595,8 +615,22 @@ class Renderer:
         for length, steps in enumerate(histogram):
             bar = "█" * round(steps / most * BAR_WIDTH)
             lengths.add_row(str(length), str(steps), Text(bar, style="cyan"))
+        result = run.result
+        sources = _table("drafts by source")
+        sources.add_column("source")
+        sources.add_column("accepted", justify="right")
+        sources.add_column("rate", justify="right")
+        for source, drafted in result.drafted_by_source.items():
+            taken = result.accepted_by_source.get(source, 0)
+            sources.add_row(source, f"{taken}/{drafted}", _number(taken / drafted, ".0%"))
+        reads = Text(
+            f"the drafter read {result.read_tokens} context tokens in "
+            f"{result.read_seconds:.2f} s; last step's choice: "
+            f"{next((why for *_, why in reversed(result.choices) if why), '-')}",
+            style="dim",
+        )
         legend = Text.assemble(
-            "debug: ",
+            "debug: ‹L4› lookup drafted 4, ‹M› the model, ‹H› a head, ‹N› n-grams, ‹0› none; ",
             ("accepted draft", ACCEPTED_STYLE),
             "  ",
             ("rejected draft", REJECTED_STYLE),
@@ -604,7 +638,7 @@ class Renderer:
             ("target's token (correction or bonus)", TARGET_STYLE),
             style="dim",
         )
-        return Group(legend, positions, lengths)
+        return Group(legend, positions, lengths, sources, reads)
 
     # -- distill -----------------------------------------------------------
 

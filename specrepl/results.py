@@ -15,6 +15,13 @@ StopReason = Literal["eos", "length", "context", "interrupted"]
 GeneratorKind = Literal["speculative", "autoregressive"]
 
 
+PROMPT_PASS = "the target's prompt pass"
+"""A step's `choice` when the loop itself drafts nothing: the first step, whose
+token comes from the target's prompt pass at the target's own pace."""
+BUDGET_END = "the budget's last token"
+"""A step's `choice` when only one token is left to generate: nothing to draft."""
+
+
 @dataclass(frozen=True)
 class StepEvent:
     """One decoding step: a target forward pass and the tokens it settled.
@@ -27,6 +34,12 @@ class StepEvent:
     `requested_gamma` is what the gamma policy asked for; a drafter may propose
     fewer (a confidence stop, no n-gram match, the end of the budget).
     `appended` is already cut at an end token and at the length budget.
+
+    `source` names what proposed the drafts ("model", "lookup", "head", ...;
+    empty when nothing was drafted); `read_seconds` is the part of
+    `draft_seconds` a drafter spent reading `read_tokens` context tokens it
+    had not seen (its catch-up before the first draft); `choice` says why the
+    gamma policy chose this source and gamma, with the costs it used.
     """
 
     drafts: tuple[int, ...]
@@ -36,6 +49,10 @@ class StepEvent:
     target_seconds: float
     seconds_since_start: float
     requested_gamma: int = 0
+    source: str = ""
+    read_seconds: float = 0.0
+    read_tokens: int = 0
+    choice: str = ""
 
     @property
     def rejected(self) -> int | None:
@@ -45,6 +62,22 @@ class StepEvent:
     @property
     def gamma(self) -> int:
         return len(self.drafts)
+
+
+@dataclass(frozen=True)
+class Offer:
+    """What one draft source can propose at a step, before it is asked to.
+
+    `drafts`: at most this many tokens; `unread`: context tokens the source
+    must read before its first draft (0 for a source that reads nothing);
+    `tokens`: the draft itself where it is known in advance (a deterministic
+    source such as prompt lookup), so a policy can also score it on the steps
+    where another source was used."""
+
+    source: str
+    drafts: int
+    unread: int = 0
+    tokens: tuple[int, ...] | None = None
 
 
 class TimedTokens:
@@ -85,6 +118,14 @@ class GenerationResult(TimedTokens):
     drafted_per_position: list[int] = field(default_factory=list)
     accepted_length_histogram: list[int] = field(default_factory=list)
     stop_reason: StopReason = "length"
+    drafted_by_source: dict[str, int] = field(default_factory=dict)
+    """Drafts proposed by each source ("model", "lookup", ...)."""
+    accepted_by_source: dict[str, int] = field(default_factory=dict)
+    read_tokens: int = 0
+    """Context tokens the drafter read before drafting (its catch-up reads)."""
+    read_seconds: float = 0.0
+    choices: list[tuple[str, int, int, str]] = field(default_factory=list)
+    """Per step: the source, drafts, accepted drafts, and why the policy chose them."""
 
     @property
     def acceptance_rate(self) -> float | None:
@@ -123,9 +164,18 @@ class GenerationResult(TimedTokens):
         self.target_seconds += event.target_seconds
         if self.time_to_first_token is None and event.appended:
             self.time_to_first_token = event.seconds_since_start
+        if self.kind == "speculative":
+            self.choices.append((event.source, event.gamma, event.accepted, event.choice))
+            self.read_tokens += event.read_tokens
+            self.read_seconds += event.read_seconds
         if self.kind == "speculative" and event.gamma > 0:
             self.drafted += event.gamma
             self.accepted += event.accepted
+            source = event.source or "drafter"
+            self.drafted_by_source[source] = self.drafted_by_source.get(source, 0) + event.gamma
+            self.accepted_by_source[source] = (
+                self.accepted_by_source.get(source, 0) + event.accepted
+            )
             while len(self.accepted_per_position) < event.gamma:
                 self.accepted_per_position.append(0)
                 self.drafted_per_position.append(0)
@@ -163,4 +213,16 @@ class GenerationResult(TimedTokens):
                 list(self.accepted_length_histogram) if speculative else None
             ),
             "stop_reason": self.stop_reason,
+            "drafted_by_source": dict(self.drafted_by_source) if speculative else None,
+            "accepted_by_source": dict(self.accepted_by_source) if speculative else None,
+            "read_tokens": self.read_tokens if speculative else None,
+            "read_seconds": self.read_seconds if speculative else None,
+            "steps_chosen": (
+                [
+                    {"source": source, "drafts": drafts, "accepted": accepted, "why": why}
+                    for source, drafts, accepted, why in self.choices
+                ]
+                if speculative
+                else None
+            ),
         }

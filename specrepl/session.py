@@ -45,6 +45,7 @@ from .draft_head import DraftHead, HeadLoadError, fastest_dtype, load_head, reso
 from .drafter_options import DrafterOptions
 from .drafters import Drafter, NgramDrafter, build_drafter
 from .forward import context_length
+from .gamma import GammaPolicy
 from .generation import (
     ContextTooLongError,
     GenerationInterrupted,
@@ -60,12 +61,13 @@ from .prompting import (
     PromptEncodingError,
     clean_prompt,
     conversation,
+    fit_history,
     has_chat_template,
     prompt_ids,
 )
 from .results import StepEvent
 from .settings import SettingError, Settings
-from .widths import WidthPlan, tune_pair_widths, width_plan
+from .widths import WidthPlan, one_token_step, tune_pair_widths, width_plan
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -119,7 +121,7 @@ class ChatSession:
         if pair.drafter is None:
             settings = settings.without_drafter_model()
         self._heads: dict[str, tuple[DraftHead, dict[str, Any]]] = {}
-        self._runtimes: dict[tuple[str, bool], RuntimeChoice | None] = {}
+        self._runtimes: dict[str, RuntimeChoice | None] = {}
         self._check_head(settings)
         self.settings = settings
         self._ngram: NgramDrafter | None = None
@@ -129,6 +131,7 @@ class ChatSession:
             name: PromptCache() for name in GENERATORS
         }
         self._kept_drafter: tuple[tuple[Any, ...], Drafter] | None = None
+        self._kept_policy: tuple[tuple[Any, ...], GammaPolicy] | None = None
 
     # -- state -------------------------------------------------------------
 
@@ -335,14 +338,15 @@ class ChatSession:
         ids, the history and a notice (None when nothing was dropped)."""
         contexts = [self._context_of(generator)[1] for generator in generators]
         context = min((c for c in contexts if c is not None), default=None)
-        if context is None or len(ids) + settings.max_new_tokens <= context:
+        ids, history, dropped = fit_history(
+            ids,
+            self.history,
+            lambda kept: self.prompt_ids(prompt, kept),
+            room=settings.max_new_tokens,
+            context=context,
+        )
+        if not dropped:
             return ids, self.history, None
-        history = self.history
-        dropped = 0
-        while history and len(ids) + settings.max_new_tokens > context:
-            history = history[2:]
-            dropped += 1
-            ids = self.prompt_ids(prompt, history)
         turns = f"turn{'s' if dropped != 1 else ''}"
         notice = (
             f"the chat no longer leaves room for {settings.max_new_tokens} new tokens in the "
@@ -386,11 +390,12 @@ class ChatSession:
         }
         try:
             if generator == "speculative":
+                drafter = self._drafter(settings)
                 result = speculative_generate(
                     ids,
-                    self._drafter(settings),
+                    drafter,
                     self.pair.target.model,
-                    gamma=settings.gamma_policy_object(),
+                    gamma=self._policy(settings, drafter),
                     **common,
                 )
             else:
@@ -442,11 +447,24 @@ class ChatSession:
             copy_of_target=self.pair.drafter_is_copy,
             model_runtime=None
             if runtime is None
-            else runtime.model_drafter(keep_between_prompts=keep),
+            else runtime.model_drafter(
+                keep_between_prompts=keep,
+                window=options.window,
+                target_step_seconds=one_token_step(self.pair.target.model),
+            ),
         )
         self._caches["speculative"].drop()
         self._kept_drafter = (key, drafter)
         return drafter
+
+    def _policy(self, settings: Settings, drafter: Drafter) -> GammaPolicy:
+        """The gamma policy the settings ask for, kept with what it has learnt of
+        the drafter's sources and of the target's costs from turn to turn while
+        the drafter and the policy's settings stay the same."""
+        key = (id(drafter), settings.gamma_policy, settings.gamma, settings.confidence)
+        if self._kept_policy is None or self._kept_policy[0] != key:
+            self._kept_policy = (key, settings.gamma_policy_object())
+        return self._kept_policy[1]
 
     def drafter_runtime(self, settings: Settings | None = None) -> RuntimeChoice | None:
         """What runs the drafter model under `settings` (None: no model drafts),
@@ -560,7 +578,6 @@ def _release_memory() -> None:
         torch.cuda.empty_cache()
 
 
-def _runtime_key(options: DrafterOptions) -> tuple[str, bool]:
-    """What a drafter-runtime choice depends on: the runtime asked for, and
-    whether a prompt window is set (torch's alone)."""
-    return options.runtime, bool(options.window)
+def _runtime_key(options: DrafterOptions) -> str:
+    """What a drafter-runtime choice depends on: the runtime asked for."""
+    return options.runtime

@@ -53,6 +53,7 @@ __all__ = [
     "cpu_model",
     "measure_plan",
     "measure_widths",
+    "one_token_step",
     "padded_width",
     "plan_widths",
     "set_width_plan",
@@ -96,6 +97,12 @@ def clear_width_plan(model: PreTrainedModel) -> None:
 
 def width_plan(model: PreTrainedModel) -> WidthPlan | None:
     return _PLANS.get(model)
+
+
+def one_token_step(model: PreTrainedModel) -> float | None:
+    """The model's measured seconds for a one-token step (its width plan), if timed."""
+    plan = _PLANS.get(model)
+    return None if plan is None else plan.seconds.get(1)
 
 
 def padded_width(model: PreTrainedModel, width: int) -> int:

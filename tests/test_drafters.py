@@ -20,13 +20,14 @@ from specrepl.drafters import (
     NgramDrafter,
     build_drafter,
     is_copy_of,
+    propose_from,
 )
 from specrepl.forward import forward_logits
 from specrepl.gamma import AutoGamma, HeuristicGamma, expected_tokens, make_policy
 from specrepl.generation import autoregressive_generate, speculative_generate
 from specrepl.kv_cache import cached_length, new_cache
 from specrepl.processors import GreedyProcessor
-from specrepl.results import StepEvent
+from specrepl.results import Offer, StepEvent
 from specrepl.testing import perturbed_copy, tiny_head, tiny_llama
 
 PROMPTS = ([1, 17, 4, 30, 8, 8, 2, 11, 17, 4, 30], [1, 5, 9, 12], [6, 7, 6, 7, 6, 7])
@@ -224,7 +225,7 @@ def test_auto_values_correlated_drafts_by_position() -> None:
         policy.observe(_event(8, 8 if index % 2 else 0, draft=0.0, verify=0.1))
     rates = policy.position_acceptance()
     assert rates[0] == pytest.approx(0.5, abs=0.1)
-    assert min(rates[1:]) > 0.9
+    assert min(rates[1:]) > 0.85  # the prior (the rate before) keeps a weight of one draft
     assert policy.expected_tokens(8) > 4.5  # an iid rate of 0.5 would predict under 2
     assert policy.next_gamma() == 8
 
@@ -256,20 +257,111 @@ def test_auto_ignores_the_catch_up_after_target_alone_steps() -> None:
     assert policy.next_gamma() > 0
 
 
+def _hybrid_steps(hybrid: HybridDrafter, policy, sequence, lookup_right: bool, steps: int):
+    """Drive `hybrid` through `policy` on a context that never grows (no cache).
+    The target's text is lookup's copy (6, 7, 4) when `lookup_right`, else 9s;
+    the model's drafts are taken as right whatever they are."""
+    truth = (6, 7, 4, 6) if lookup_right else (9, 9, 9, 9)
+    choices = []
+    for _ in range(steps):
+        choice = policy.choose(hybrid.offers(sequence, 3), budget=100)
+        draft = propose_from(hybrid, choice.source, sequence, choice.gamma, GreedyProcessor(), None)
+        drafts = draft.tokens.tolist()
+        accepted = len(drafts)
+        if choice.source == "lookup":
+            accepted = next((i for i, t in enumerate(drafts) if t != truth[i]), len(drafts))
+        appended = truth[: accepted + 1]
+        policy.observe(
+            StepEvent(
+                drafts=tuple(drafts),
+                accepted=accepted,
+                appended=appended,
+                draft_seconds=0.004 * len(draft) if choice.source == "model" else 0.0,
+                target_seconds=0.1,
+                seconds_since_start=0.0,
+                requested_gamma=choice.gamma,
+                source=choice.source if len(draft) else "",
+            )
+        )
+        hybrid.update(torch.cat((sequence, torch.tensor(appended))), sequence.shape[0] + accepted)
+        choices.append(choice.source)
+    return choices
+
+
 def test_hybrid_leaves_lookup_while_its_copies_fail(target) -> None:
-    # no cache: the same context is offered again and again
     hybrid = HybridDrafter(ModelDrafter(target, use_cache=False), LookupDrafter(3), min_match=2)
     sequence = torch.tensor([4, 5, 6, 7, 4, 5])  # lookup would copy 6, 7, 4
     hybrid.begin(sequence, 32)
-    for _ in range(8):
-        hybrid.propose(sequence, 3, GreedyProcessor(), None)
-        # the target kept 9s: lookup's copy (6, ...) scores 0; the model's drafts were 9s
-        accepted = 3 if hybrid.last_source == "model" else 0
-        kept = torch.cat((sequence, torch.tensor([9] * (accepted + 1))))
-        hybrid.update(kept, sequence.shape[0] + accepted)
-    assert hybrid.lookup_gain < 0.5
-    hybrid.propose(sequence, 3, GreedyProcessor(), None)
-    assert hybrid.last_source == "model"
+    policy = AutoGamma(3)
+    policy.prime({k: 0.1 for k in range(4)})
+    choices = _hybrid_steps(hybrid, policy, sequence, lookup_right=False, steps=12)
+    assert choices[0] == "model"  # the drafter's first choice; lookup is scored meanwhile
+    assert choices[-4:] == ["model"] * 4
+    # lookup's copy keeps being scored on the model's steps: its estimate stays low
+    assert policy.position_acceptance("lookup")[0] < 0.3
+
+
+def test_hybrid_keeps_lookup_while_its_copies_are_right(target) -> None:
+    hybrid = HybridDrafter(ModelDrafter(target, use_cache=False), LookupDrafter(3), min_match=2)
+    sequence = torch.tensor([4, 5, 6, 7, 4, 5])
+    hybrid.begin(sequence, 32)
+    policy = AutoGamma(3)
+    policy.prime({k: 0.1 for k in range(4)})
+    choices = _hybrid_steps(hybrid, policy, sequence, lookup_right=True, steps=12)
+    assert choices[-4:] == ["lookup"] * 4  # as right as the model, and it costs nothing
+
+
+def test_a_policy_kept_across_a_chat_starts_each_turn_from_what_it_learnt() -> None:
+    """Two early rejections at a new turn's start do not make a drafter that was
+    right all along look worse than the target alone (the fresh prior would)."""
+    kept = AutoGamma(6)
+    kept.prime({k: 0.1 for k in range(7)})
+    for _ in range(30):
+        kept.observe(_event(5, 5, draft=5 * 0.01, verify=0.1))
+    kept.start()  # the next turn
+    fresh = AutoGamma(6)
+    fresh.prime({k: 0.1 for k in range(7)})
+    for policy in (kept, fresh):
+        policy.observe(_event(0, 0, 0.0, 1.0))  # the target's prompt pass
+        for _ in range(4):
+            policy.observe(_event(4, 0, draft=4 * 0.01, verify=0.1))
+    assert kept.position_acceptance()[0] > 0.5 > fresh.position_acceptance()[0]
+    assert kept.next_gamma() >= 3 and fresh.next_gamma() < kept.next_gamma()
+
+
+def test_a_fixed_gamma_also_chooses_the_source_from_measurements(target) -> None:
+    hybrid = HybridDrafter(ModelDrafter(target, use_cache=False), LookupDrafter(3), min_match=2)
+    sequence = torch.tensor([4, 5, 6, 7, 4, 5])
+    hybrid.begin(sequence, 32)
+    choices = _hybrid_steps(hybrid, make_policy("fixed", 3), sequence, False, steps=12)
+    assert choices[-4:] == ["model"] * 4
+
+
+def test_a_catch_up_read_is_priced_apart_and_shared_over_the_answer() -> None:
+    """A model source that read 600 unseen tokens (a pasted document) at 3 ms each
+    is still chosen: the read is paid once for the rest of the answer, and its
+    drafts cost 10 ms each beside a 100 ms verification."""
+    policy = AutoGamma(6)
+    policy.prime({k: 0.1 for k in range(7)})
+    policy.observe(StepEvent((), 0, (1,), 0.0, 1.0, 0.0))  # the target's prompt pass
+    read = StepEvent(
+        tuple(range(5)), 5, tuple(range(6)), 1.8 + 4 * 0.01, 0.1, 0.0, 5, "model", 1.8, 600
+    )
+    policy.observe(read)
+    for _ in range(3):  # usual steps: one token read (the correction), 4 drafts
+        policy.observe(
+            StepEvent(tuple(range(5)), 5, tuple(range(6)), 0.05, 0.1, 0.0, 5, "model", 0.01, 1)
+        )
+    source = policy.estimates.source("model")
+    assert source.draft_cost == pytest.approx(0.01)
+    assert source.read_per_token == pytest.approx((1.8 - 2 * 1.8 / 600) / 598)
+    assert source.first_read == pytest.approx(0.01)
+    # another long stretch to read before drafting: still worth it over a long answer
+    choice = policy.choose([Offer("model", 6, unread=600)], budget=120)
+    assert choice.source == "model" and choice.gamma >= 4
+    assert "model:" in choice.reason and "none:" in choice.reason
+    # ...but not for the answer's last tokens
+    assert policy.choose([Offer("model", 2, unread=600)], budget=3).gamma == 0
 
 
 def test_auto_judges_the_target_alone_by_the_width_timings_it_was_primed_with() -> None:

@@ -124,7 +124,7 @@ def test_shipped_head_keeps_the_targets_greedy_output(embedded_pair, shipped_hea
             ),
             "hybrid head, gamma 6": speculative_generate(
                 ids,
-                HybridDrafter(HeadDrafter(head), LookupDrafter(3), cost_ratio=1.0),
+                HybridDrafter(HeadDrafter(head), LookupDrafter(3)),
                 pair.target.model,
                 gamma=6,
                 **common,

@@ -27,7 +27,12 @@ from specrepl.drafters import HybridDrafter, LookupDrafter, build_drafter
 from specrepl.gamma import make_policy
 from specrepl.generation import autoregressive_generate, speculative_generate
 from specrepl.llamacpp import LlamaCppUnavailable, open_gguf
-from specrepl.llamacpp_drafter import LlamaCppDrafter, choose_drafter_runtime, choose_runtime
+from specrepl.llamacpp_drafter import (
+    DraftView,
+    LlamaCppDrafter,
+    auto_window,
+    choose_runtime,
+)
 from specrepl.models import ModelPair, embedded_gguf_path
 from specrepl.processors import GreedyProcessor, TopKProcessor
 from specrepl.prompt_cache import PromptCache
@@ -119,22 +124,23 @@ def test_a_kept_chat_prefix_is_not_read_again(embedded_pair: ModelPair, llama) -
     drafter = LlamaCppDrafter(counting, keep_between_prompts=True)
     first = ids_of(embedded_pair, PROMPTS[0])
     answer = speculative_generate(first, drafter, target, gamma=4, max_gen_len=12, **options)
-    second = (
-        first
-        + answer.token_ids
-        + [int(t) for t in embedded_pair.tokenizer.encode(" And two more?")]
-    )
+    history = [
+        {"role": "user", "content": PROMPTS[0]},
+        {"role": "assistant", "content": embedded_pair.tokenizer.decode(answer.token_ids)},
+    ]
+    second = prompt_ids(embedded_pair.tokenizer, "And two more?", chat=True, history=history)
     counting.fed.clear()
     reference = autoregressive_generate(second, target, max_gen_len=12, **options)
     result = speculative_generate(second, drafter, target, gamma=4, max_gen_len=12, **options)
     assert result.token_ids == reference.token_ids
-    # the first read covers only what the last generation did not leave behind
-    assert counting.fed[0] < len(second) - len(first) + 2
-    # without keeping, a new generation reads its whole prompt
+    # the first read (after the target's prompt pass gave the first token) covers
+    # only what the last generation did not leave behind
+    assert counting.fed[0] < len(second) - len(first) + 3
+    # without keeping, a new generation reads its whole prompt and the first token
     fresh = LlamaCppDrafter(counting)
     counting.fed.clear()
     speculative_generate(second, fresh, target, gamma=4, max_gen_len=4, **options)
-    assert counting.fed[0] == len(second)
+    assert counting.fed[0] == len(second) + 1
 
 
 def test_forget_empties_the_state(llama) -> None:
@@ -158,33 +164,41 @@ def test_drafts_stop_at_the_end_of_llamas_context(embedded_pair: ModelPair) -> N
     assert len(drafter.propose(torch.arange(end + 5), 8, GreedyProcessor(), None)) == 0
 
 
+def _law(target, processor, ids: list[int], length: int) -> dict[tuple[int, ...], float]:
+    """The exact joint law of the next `length` tokens under `processor`."""
+    law: dict[tuple[int, ...], float] = {(): 1.0}
+    with torch.no_grad():
+        for _ in range(length):
+            longer = {}
+            for prefix, chance in law.items():
+                logits = target(input_ids=torch.tensor([[*ids, *prefix]])).logits[0, -1]
+                probs = processor.probabilities(logits)
+                for token in torch.nonzero(probs).flatten().tolist():
+                    longer[(*prefix, token)] = chance * float(probs[token])
+            law = longer
+    return law
+
+
 def test_sampling_follows_the_targets_exact_law(embedded_pair: ModelPair, llama) -> None:
-    """Two sampled tokens under top-3 at temperature 2 (nine outcomes): the
+    """Three sampled tokens under top-3 at temperature 2 (27 outcomes; the first
+    comes from the target's prompt pass, the next two from a drafted step): the
     speculative samples against the law enumerated from the target."""
     target = embedded_pair.target.model
     processor = TopKProcessor(temperature=2.0, top_k=3)
     ids = ids_of(embedded_pair, "Pick a random word.")
-    with torch.no_grad():
-        first = processor.probabilities(target(input_ids=torch.tensor([ids])).logits[0, -1])
-        law = {}
-        for a in torch.nonzero(first).flatten().tolist():
-            second = processor.probabilities(
-                target(input_ids=torch.tensor([[*ids, a]])).logits[0, -1]
-            )
-            for b in torch.nonzero(second).flatten().tolist():
-                law[(a, b)] = float(first[a] * second[b])
-    assert len(law) == 9
+    law = _law(target, processor, ids, 3)
+    assert len(law) == 27
     # both sides read the prompt once: llama.cpp keeps it, the target's cache is kept
     drafter = LlamaCppDrafter(llama, keep_between_prompts=True)
     kept = PromptCache()
     generator = torch.Generator().manual_seed(0)
-    samples = 500
+    samples = 800
     counts: dict[tuple[int, ...], int] = {}
     accepted = drafted = 0
     options = embedded_pair.generation_options(use_cache=True)
     for _ in range(samples):
         result = speculative_generate(
-            ids, drafter, target, logits_processor=processor, gamma=2, max_gen_len=2,
+            ids, drafter, target, logits_processor=processor, gamma=2, max_gen_len=3,
             generator=generator, prompt_cache=kept, **options,
         )  # fmt: skip
         key = tuple(result.token_ids)
@@ -192,9 +206,12 @@ def test_sampling_follows_the_targets_exact_law(embedded_pair: ModelPair, llama)
         accepted, drafted = accepted + result.accepted, drafted + result.drafted
     assert set(counts) <= set(law)
     assert 0.05 < accepted / drafted < 0.98, "drafts must be rejected sometimes to test much"
-    outcomes = sorted(law)
-    observed = [counts.get(o, 0) for o in outcomes]
-    expected = [law[o] * samples / sum(law.values()) for o in outcomes]
+    total = sum(law.values())
+    # outcomes expected fewer than 5 times are pooled into one bin
+    rare = [o for o in law if law[o] * samples / total < 5]
+    bins = [[o] for o in sorted(law) if o not in rare] + ([rare] if rare else [])
+    observed = [sum(counts.get(o, 0) for o in group) for group in bins]
+    expected = [sum(law[o] for o in group) * samples / total for group in bins]
     assert stats.chisquare(observed, expected).pvalue > 1e-3
     total_variation = 0.5 * sum(
         abs(c / samples - e / samples) for c, e in zip(observed, expected, strict=True)
@@ -213,15 +230,57 @@ def test_torch_is_kept_when_asked_or_when_there_is_no_gguf_file(pair: ModelPair)
         choose_runtime("fast", model, None)
 
 
-def test_a_prompt_window_is_torchs(pair: ModelPair, tmp_path: Path) -> None:
-    model = pair.drafter.model
-    windowed = DrafterOptions(kind="model", window=16)
-    assert choose_drafter_runtime(windowed, model, tmp_path / "x.gguf").llama is None
-    with pytest.raises(LlamaCppUnavailable, match="window"):
-        choose_drafter_runtime(
-            DrafterOptions(kind="model", window=16, runtime="llamacpp"), model, None
+def test_the_view_maps_held_tokens_to_sequence_positions() -> None:
+    view = DraftView()
+    view.extend(0, [10, 11, 12])
+    view.extend(8, [18, 19])  # positions 3..7 skipped
+    view.extend(10, [20])
+    assert view.spans == [(0, 3), (8, 11)] and view.covered == 11
+    ids = list(range(10, 21))
+    assert view.agreeing(ids) == 6
+    changed = ids.copy()
+    changed[5] = 99  # a skipped position: nothing held depends on it
+    assert view.agreeing(changed) == 6
+    changed[9] = 99  # a held one
+    assert view.agreeing(changed) == 4
+    assert view.held_before(9) == 4 and view.held_before(3) == 3
+    view.cut_view(4)
+    assert view.spans == [(0, 3), (8, 9)] and view.tokens == [10, 11, 12, 18]
+
+
+def test_the_automatic_window_follows_measured_costs() -> None:
+    # four target steps' worth of batched reads, at least MIN_WINDOW
+    assert auto_window(0.034, 0.003) == int(4 * 0.034 / 0.003)
+    assert auto_window(0.5, 0.003) == int(4 * 0.5 / 0.003)  # a dear target: a long window
+    assert auto_window(0.001, 0.003) == llamacpp_drafter.MIN_WINDOW
+
+
+def test_a_windowed_drafter_reads_little_of_a_pasted_document_and_keeps_the_output(
+    embedded_pair: ModelPair, llama
+) -> None:
+    """A chat whose second turn pastes a long text: the drafter reads only the
+    text's last `window` tokens, the output is the target's in every turn."""
+    target = embedded_pair.target.model
+    options = embedded_pair.generation_options(use_cache=True)
+    counting = CountingLlama(llama)
+    drafter = LlamaCppDrafter(counting, keep_between_prompts=True, window=24)
+    pasted = " ".join(f"Item {n} costs {n * 3} dollars." for n in range(40))
+    turns = ["Name a colour.", f"Sum up this list: {pasted}", "Thanks. And one more colour?"]
+    history: list[dict[str, str]] = []
+    kept = PromptCache()
+    for turn in turns:
+        ids = prompt_ids(embedded_pair.tokenizer, turn, chat=True, history=history)
+        reference = autoregressive_generate(ids, target, max_gen_len=16, **options)
+        counting.fed.clear()
+        result = speculative_generate(
+            ids, drafter, target, gamma=4, max_gen_len=16, prompt_cache=kept, **options
         )
-    assert choose_drafter_runtime(DrafterOptions(kind="lookup"), model, None) is None
+        assert result.token_ids == reference.token_ids
+        assert max(counting.fed) <= 24  # never more than the window at once
+        assert drafter.held() == drafter.view.tokens
+        reply = embedded_pair.tokenizer.decode(result.token_ids, skip_special_tokens=True)
+        history += [{"role": "user", "content": turn}, {"role": "assistant", "content": reply}]
+    assert len(drafter.view.spans) > 1  # the pasted text was skipped
 
 
 @pytest.mark.parametrize("cheaper", ["llamacpp", "torch"])
@@ -231,7 +290,9 @@ def test_auto_keeps_the_runtime_measured_cheaper(
     fast, slow = 0.01, 0.03
     monkeypatch.setattr(llamacpp_drafter, "open_gguf", lambda *a, **k: llama)
     monkeypatch.setattr(
-        llamacpp_drafter, "llama_step_seconds", lambda _: fast if cheaper == "llamacpp" else slow
+        llamacpp_drafter,
+        "llama_costs",
+        lambda _: (fast if cheaper == "llamacpp" else slow, 0.003),
     )
     monkeypatch.setattr(
         llamacpp_drafter, "measure_widths", lambda *_: {1: slow if cheaper == "llamacpp" else fast}
@@ -240,15 +301,15 @@ def test_auto_keeps_the_runtime_measured_cheaper(
     choice = choose_runtime("auto", drafter.model, drafter.gguf)
     assert choice.runtime == cheaper
     assert choice.seconds == (
-        {"llamacpp": fast, "torch": slow}
+        {"llamacpp": fast, "llamacpp_read": 0.003, "torch": slow}
         if cheaper == "llamacpp"
-        else {"llamacpp": slow, "torch": fast}
+        else {"llamacpp": slow, "llamacpp_read": 0.003, "torch": fast}
     )
 
 
-def test_the_step_timing_measures_and_leaves_the_state_empty(llama) -> None:
-    seconds = llamacpp_drafter.llama_step_seconds(llama, context=16, repeats=2)
-    assert 0 < seconds < 5
+def test_the_cost_timing_measures_and_leaves_the_state_empty(llama) -> None:
+    step, read = llamacpp_drafter.llama_costs(llama, context=16, repeats=2)
+    assert 0 < step < 5 and 0 < read < 5
     assert llama.n_tokens == 0
 
 

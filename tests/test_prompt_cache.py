@@ -70,7 +70,7 @@ DRAFTERS: dict[str, DrafterFactory] = {
     "model": lambda model, head, keep: ModelDrafter(model, keep_between_prompts=keep),
     "head": lambda model, head, keep: HeadDrafter(head, keep_between_prompts=keep),
     "hybrid head": lambda model, head, keep: HybridDrafter(
-        HeadDrafter(head, keep_between_prompts=keep), LookupDrafter(3), cost_ratio=1.0
+        HeadDrafter(head, keep_between_prompts=keep), LookupDrafter(3)
     ),
     "hybrid model": lambda model, head, keep: HybridDrafter(
         ModelDrafter(model, keep_between_prompts=keep), LookupDrafter(3)

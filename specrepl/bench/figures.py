@@ -2,8 +2,11 @@
 
 `MethodRun` is one method's run on one prompt (tokens, the synchronized wall
 time around the call, and for specrepl runs the engine's own step events);
-`PromptRecord` holds every method's run on one prompt; `summarize` turns the
-records into figures per category and overall (`MethodSummary`): medians of
+`PromptRecord` holds every method's run on one prompt (one user turn: a first
+turn or a later one, with the earlier turns and their target-only answers in
+its context, and a long input or not); `summarize` turns the records into
+figures per category and overall, and `summarize_turns` per kind of turn
+(first turns, later turns, long inputs) (`MethodSummary`): medians of
 per-prompt figures (tokens/s, speedups as per-prompt ratios), pooled acceptance
 and tokens per target step, and the speedup predicted from the run's own
 acceptance and cost ratios (Leviathan et al. 2023):
@@ -25,20 +28,26 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from ..gamma import expected_tokens
-from ..results import GenerationResult, StepEvent, TimedTokens
-from .prompts import BenchPrompt
+from ..output_match import OutputMatch
+from ..results import BUDGET_END, PROMPT_PASS, GenerationResult, StepEvent, TimedTokens
+from .prompts import BenchPrompt, BenchTurn
 
 __all__ = [
+    "FIRST_TURNS",
     "HF_ASSISTED",
     "HF_ASSISTED_MATCHED",
     "HF_COMPILED",
     "HF_GENERATE",
     "HF_LOOKUP",
+    "LATER_TURNS",
     "LLAMACPP",
     "LLAMACPP_LOOKUP",
+    "LONG_INPUT",
+    "LONG_INPUT_TOKENS",
     "OVERALL",
     "SPECULATIVE",
     "TARGET",
+    "TURN_GROUPS",
     "Method",
     "MethodRun",
     "MethodSummary",
@@ -47,10 +56,21 @@ __all__ = [
     "predict_from_steps",
     "predicted_speedup",
     "summarize",
+    "summarize_turns",
 ]
 
 OVERALL = "overall"
 """The summary's name for all prompts together."""
+
+# The kinds of turn summed up apart (`summarize_turns`); a turn is a first or a
+# later one, and may also be a long input.
+FIRST_TURNS = "first turns"
+LATER_TURNS = "later turns"
+LONG_INPUT = "long input"
+TURN_GROUPS = (FIRST_TURNS, LATER_TURNS, LONG_INPUT)
+LONG_INPUT_TOKENS = 512
+"""A turn whose prompt (its history included) has at least this many tokens is
+a long input, unless `bench --long-input` says otherwise."""
 
 # The method names; a sweep adds `speculative_g{N}` for each gamma N.
 TARGET = "target"
@@ -168,8 +188,10 @@ class MethodRun(TimedTokens):
     clock, the same way for every method. For specrepl runs `engine_seconds`
     is the engine's own active time and `draft_seconds`/`target_seconds`
     the time inside the drafter and the target; the rest is `other_seconds`.
-    `identical` (greedy only) says whether the tokens equal the target-only
-    tokens; `first_mismatch` is the first position where they differ.
+    `match` compares the tokens with the target-only run's (every run but
+    target-only's); `identical` and `first_mismatch` read it for greedy runs.
+    `reused_prompt_tokens` (specrepl runs) counts the prompt tokens a cache
+    kept from the previous turn held (`bench --chat`).
     """
 
     method: str
@@ -185,13 +207,27 @@ class MethodRun(TimedTokens):
     target_seconds: float | None = None
     decode_seconds: float | None = None
     decode_tokens: int | None = None
-    identical: bool | None = None
-    first_mismatch: int | None = None
+    reused_prompt_tokens: int | None = None
+    match: OutputMatch | None = None
     speedup_vs_target: float | None = None
     speedup_vs_hf: float | None = None
     draft_cost_vs_target: float | None = None
     prediction: Prediction | None = None
     events: list[StepEvent] = field(default_factory=list, repr=False)
+
+    @property
+    def identical(self) -> bool | None:
+        """Greedy runs: whether the tokens equal target-only's (None when sampling)."""
+        if self.match is None or not self.match.greedy:
+            return None
+        return self.match.identical
+
+    @property
+    def first_mismatch(self) -> int | None:
+        """Greedy runs: the first new token where they differ from target-only's."""
+        if self.match is None or not self.match.greedy:
+            return None
+        return self.match.first_difference
 
     @property
     def acceptance(self) -> float | None:
@@ -232,7 +268,12 @@ class MethodRun(TimedTokens):
         """Steps where the gamma policy chose the target alone (gamma 0)."""
         if self.drafted is None:
             return None
-        return sum(1 for event in self.events if event.requested_gamma == 0)
+        # the prompt pass and the budget's last token draft nothing by the loop's rule
+        return sum(
+            1
+            for event in self.events
+            if event.requested_gamma == 0 and event.choice not in (PROMPT_PASS, BUDGET_END)
+        )
 
     @property
     def empty_draft_steps(self) -> int | None:
@@ -294,6 +335,7 @@ class MethodRun(TimedTokens):
             target_seconds=result.target_seconds,
             decode_seconds=None if first is None else result.seconds - first.seconds_since_start,
             decode_tokens=None if first is None else result.new_tokens - len(first.appended),
+            reused_prompt_tokens=result.reused_prompt_tokens,
             events=events,
         )
 
@@ -305,6 +347,8 @@ class MethodRun(TimedTokens):
             "stop_reason": self.stop_reason,
             "identical_to_target": self.identical,
             "first_mismatch": self.first_mismatch,
+            "output_vs_target": None if self.match is None else self.match.describe(),
+            "reused_prompt_tokens": self.reused_prompt_tokens,
             "speedup_vs_target": self.speedup_vs_target,
             "speedup_vs_hf_generate": self.speedup_vs_hf,
             "engine_seconds": self.engine_seconds,
@@ -345,7 +389,14 @@ class MethodRun(TimedTokens):
 
 @dataclass
 class PromptRecord:
-    """Every method's run on one prompt, in the order they ran."""
+    """Every method's run on one prompt (one user turn), in the order they ran.
+
+    `turn` is which of its question's turns it is (from 1); `earlier_turns`
+    counts the turns asked before it in its conversation (0: a first turn),
+    `history_turns` those still in its context (the oldest go when the chat
+    would overflow it); `long_input`: its prompt had at least the benchmark's
+    long-input tokens.
+    """
 
     prompt: BenchPrompt
     prompt_tokens: int
@@ -354,11 +405,37 @@ class PromptRecord:
     runs: dict[str, MethodRun]
     text: str = ""
     """The target-only answer, decoded."""
+    turn: int = 1
+    earlier_turns: int = 0
+    history_turns: int = 0
+    long_input: bool = False
+
+    @property
+    def key(self) -> str:
+        """`writing/81#2`: the question and, when it has several, the turn."""
+        return BenchTurn(self.prompt, self.turn).key
+
+    @property
+    def first_turn(self) -> bool:
+        return self.earlier_turns == 0
+
+    @property
+    def groups(self) -> list[str]:
+        """The kinds of turn (`TURN_GROUPS`) this prompt counts in."""
+        kind = FIRST_TURNS if self.first_turn else LATER_TURNS
+        return [kind, LONG_INPUT] if self.long_input else [kind]
 
     def to_dict(self) -> dict[str, Any]:
         return {
+            "key": self.key,
             "question_id": self.prompt.question_id,
             "category": self.prompt.category,
+            "turn": self.turn,
+            "first_turn": self.first_turn,
+            "earlier_turns": self.earlier_turns,
+            "history_turns": self.history_turns,
+            "long_input": self.long_input,
+            "groups": self.groups,
             "prompt_tokens": self.prompt_tokens,
             "max_new_tokens": self.max_new_tokens,
             "order": list(self.order),
@@ -461,6 +538,22 @@ def _summary(method: str, runs: list[MethodRun]) -> MethodSummary:
     )
 
 
+def _by_group(
+    groups: dict[str, list[PromptRecord]], methods: Sequence[Method]
+) -> dict[str, dict[str, MethodSummary]]:
+    """Each group's figures, per method (a method left out of a prompt is left out there)."""
+    return {
+        name: {
+            method.name: _summary(
+                method.name,
+                [record.runs[method.name] for record in members if method.name in record.runs],
+            )
+            for method in methods
+        }
+        for name, members in groups.items()
+    }
+
+
 def summarize(
     records: Sequence[PromptRecord], methods: Sequence[Method]
 ) -> dict[str, dict[str, MethodSummary]]:
@@ -470,13 +563,15 @@ def summarize(
         groups.setdefault(record.prompt.category, []).append(record)
     if records:
         groups[OVERALL] = list(records)
-    return {
-        category: {
-            method.name: _summary(
-                method.name,
-                [record.runs[method.name] for record in members if method.name in record.runs],
-            )
-            for method in methods
-        }
-        for category, members in groups.items()
+    return _by_group(groups, methods)
+
+
+def summarize_turns(
+    records: Sequence[PromptRecord], methods: Sequence[Method]
+) -> dict[str, dict[str, MethodSummary]]:
+    """Figures per kind of turn (first turns, later turns, long input; the
+    kinds no prompt is of are left out), per method."""
+    groups: dict[str, list[PromptRecord]] = {
+        name: [record for record in records if name in record.groups] for name in TURN_GROUPS
     }
+    return _by_group({name: members for name, members in groups.items() if members}, methods)

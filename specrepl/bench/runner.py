@@ -51,7 +51,7 @@ from ..prompt_cache import PromptCache
 from ..prompting import fit_history, has_chat_template, prompt_ids
 from ..results import StepEvent
 from ..settings import Settings
-from ..widths import WidthPlan, tune_pair_widths
+from ..widths import WidthPlan, one_token_step, tune_pair_widths
 from .figures import (
     HF_ASSISTED,
     HF_ASSISTED_MATCHED,
@@ -220,6 +220,8 @@ class _Kept:
 
     caches: dict[str, PromptCache] = field(default_factory=dict)
     drafters: dict[str, Drafter] = field(default_factory=dict)
+    policies: dict[str, GammaPolicy] = field(default_factory=dict)
+    """The gamma policy of each speculative method, with what it has learnt."""
 
 
 def _ratio(top: float | None, bottom: float | None) -> float | None:
@@ -297,7 +299,11 @@ class Benchmark:
             copy_of_target=self.pair.drafter_is_copy,
             model_runtime=None
             if runtime is None
-            else runtime.model_drafter(keep_between_prompts=keep_between_prompts),
+            else runtime.model_drafter(
+                keep_between_prompts=keep_between_prompts,
+                window=options.window,
+                target_step_seconds=one_token_step(self.pair.target.model),
+            ),
         )
 
     def _check_conversation(self) -> None:
@@ -329,6 +335,7 @@ class Benchmark:
                 if forget is not None:  # a llama.cpp drafter's state is shared: the warm-up's
                     forget()
                 self._kept.drafters[method.name] = drafter
+                self._kept.policies[method.name] = self._policy(method)
 
     def _make_methods(self) -> list[Method]:
         options = self.options
@@ -529,16 +536,17 @@ class Benchmark:
         if not method.speculative:
             result, seconds = self._timed(lambda: autoregressive_generate(ids, target, **common))
         else:
-            policy: GammaPolicy = (
-                FixedGamma(method.sweep_gamma)
-                if method.sweep_gamma is not None
-                else self.options.gamma.build()
-            )
+            policy = self._kept.policies.get(method.name) or self._policy(method)
             drafter = self._kept.drafters.get(method.name, self.drafter)
             result, seconds = self._timed(
                 lambda: speculative_generate(ids, drafter, target, gamma=policy, **common)
             )
         return MethodRun.from_result(method.name, result, seconds, events)
+
+    def _policy(self, method: Method) -> GammaPolicy:
+        if method.sweep_gamma is not None:
+            return FixedGamma(method.sweep_gamma)
+        return self.options.gamma.build()
 
     @contextlib.contextmanager
     def _assistant_config(self, **changes: Any) -> Iterator[Any]:

@@ -1,0 +1,136 @@
+"""Per-turn speed of a scripted chat, answered by the REPL's own session.
+
+Loads the pair as `python infer.py` does (the default config plus the flags
+given here), then answers every user turn of a chat file (one JSON line with
+`turns`, e.g. `benchmarks/chat_pasted.jsonl`) in one `ChatSession` with its
+caches kept, exactly as the REPL answers typed prompts: the speculative run,
+then the target alone. Per turn it prints the prompt's length, the speedup
+(speculative tokens/s over target-only tokens/s as the REPL's summary gives
+it), the first-token time ratio (speculative over target), tokens per target
+step, the drafts proposed and accepted per source, the longest pause between
+two streamed steps of each run, and whether the two texts are identical; then
+the medians. `--json OUT` keeps every figure with each step's choice.
+
+    HF_HUB_OFFLINE=1 .venv/bin/python scripts/chat_turns.py benchmarks/chat_pasted.jsonl
+
+A benchmark of one chat, not a timed test: run it on a quiet machine; the CPU
+is named first (`lscpu`'s model name, family and model).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+from pathlib import Path
+
+from specrepl.answers import RunStep
+from specrepl.flags import add_model_options, add_setting_options, app_config
+from specrepl.startup import open_session
+
+
+def cpu_name() -> str:
+    """lscpu's model name, family and model (Linux), else the platform's name."""
+    fields: dict[str, str] = {}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            fields.setdefault(key.strip(), value.strip())
+    except OSError:
+        return platform.processor() or platform.machine()
+    return (
+        f"{fields.get('model name', '?')} (family {fields.get('cpu family', '?')}, "
+        f"model {fields.get('model', '?')})"
+    )
+
+
+def turn_figures(answer, pauses: dict[str, float], events: list) -> dict[str, object]:
+    spec, target = answer.runs["speculative"].result, answer.runs["target"].result
+    by_source: dict[str, list[int]] = {}
+    for event in events:
+        if event.source:
+            counts = by_source.setdefault(event.source, [0, 0])
+            counts[0] += event.gamma
+            counts[1] += event.accepted
+    first = (
+        spec.time_to_first_token / target.time_to_first_token
+        if spec.time_to_first_token and target.time_to_first_token
+        else None
+    )
+    return {
+        "prompt_tokens": answer.prompt_tokens,
+        "fed": spec.prompt_tokens - spec.reused_prompt_tokens,
+        "speedup": answer.speedup_of("speculative"),
+        "first_token_ratio": first,
+        "tokens_per_step": spec.new_tokens / spec.steps if spec.steps else None,
+        "new_tokens": spec.new_tokens,
+        "identical": spec.token_ids == target.token_ids,
+        "drafts_by_source": by_source,
+        "read_tokens": sum(event.read_tokens for event in events),
+        "read_seconds": sum(event.read_seconds for event in events),
+        "longest_pause": dict(pauses),
+        "target_first_token": target.time_to_first_token,
+        "choices": [
+            [event.source, event.gamma, event.accepted, event.choice] for event in events
+        ],
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("chat_file", type=Path, help="a chat file: one JSON line with `turns`")
+    parser.add_argument("--json", type=Path, help="write every figure here")
+    add_model_options(parser)
+    add_setting_options(parser)
+    args = parser.parse_args()
+    record = json.loads(args.chat_file.read_text().splitlines()[0])
+    config = app_config(args)
+    print(f"CPU: {cpu_name()}", flush=True)
+    session = open_session(config, lambda stage: None)
+    print(f"settings: {session.settings.drafter_options()}", flush=True)
+    rows = []
+    for number, turn in enumerate(record["turns"], 1):
+        pauses: dict[str, float] = {}
+        last: dict[str, float] = {}
+        events: list = []
+
+        def on_event(event, pauses=pauses, last=last, events=events) -> None:
+            if isinstance(event, RunStep):
+                if event.generator == "speculative":
+                    events.append(event.step)
+                at = event.step.seconds_since_start
+                name = event.generator
+                pauses[name] = max(pauses.get(name, 0.0), at - last.get(name, 0.0))
+                last[name] = at
+
+        answer = session.answer(turn, on_event)
+        if answer.refusal:
+            print(f"turn {number}: refused: {answer.refusal}")
+            return 1
+        row = turn_figures(answer, pauses, events)
+        rows.append(row)
+        sources = " ".join(f"{s}:{a}/{d}" for s, (d, a) in row["drafts_by_source"].items())
+        print(
+            f"turn {number:2d}: prompt {row['prompt_tokens']:5d} fed {row['fed']:4d} "
+            f"speedup {row['speedup']:.2f}x first-token {row['first_token_ratio']:.2f} "
+            f"tok/step {row['tokens_per_step']:.2f} read {row['read_tokens']} tok "
+            f"{row['read_seconds']:.2f}s pause spec {pauses.get('speculative', 0):.2f}s "
+            f"target {pauses.get('target', 0):.2f}s identical {row['identical']} [{sources}]",
+            flush=True,
+        )
+    speedups = [row["speedup"] for row in rows]
+    ratios = [row["first_token_ratio"] for row in rows]
+    print(
+        f"median speedup {statistics.median(speedups):.2f}x, lowest {min(speedups):.2f}x; "
+        f"median first-token ratio {statistics.median(ratios):.2f}; "
+        f"identical {sum(row['identical'] for row in rows)}/{len(rows)}"
+    )
+    if args.json:
+        args.json.write_text(json.dumps({"cpu": cpu_name(), "turns": rows}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
