@@ -72,8 +72,19 @@ def turn_figures(answer, pauses: dict[str, float], events: list) -> dict[str, ob
         "read_seconds": sum(event.read_seconds for event in events),
         "longest_pause": dict(pauses),
         "target_first_token": target.time_to_first_token,
-        "choices": [
-            [event.source, event.gamma, event.accepted, event.choice] for event in events
+        "choices": [[event.source, event.gamma, event.accepted, event.choice] for event in events],
+        "events": [
+            {
+                "gamma": event.gamma,
+                "accepted": event.accepted,
+                "appended": len(event.appended),
+                "source": event.source,
+                "draft_seconds": round(event.draft_seconds, 5),
+                "target_seconds": round(event.target_seconds, 5),
+                "read_seconds": round(event.read_seconds, 5),
+                "read_tokens": event.read_tokens,
+            }
+            for event in events
         ],
     }
 

@@ -657,25 +657,38 @@ class Renderer:
             return "agree " + " ".join(f"{a:.2f}" for a in agreement)
 
         if not console.is_terminal:
+
             def data_line(report: DataProgress) -> None:
-                console.print(Text(f"  {report.stage}: {report.done}/{report.total}"
-                                   f" ({report.tokens} answer tokens)", style="dim"))
+                console.print(
+                    Text(
+                        f"  {report.stage}: {report.done}/{report.total}"
+                        f" ({report.tokens} answer tokens)",
+                        style="dim",
+                    )
+                )
 
             def train_line(report: TrainProgress) -> None:
                 share = report.seconds / max(report.budget_seconds, 1e-9)
                 if report.agreement is None and share - last_line["share"] < 0.05:
                     return
                 last_line["share"] = share
-                console.print(Text(
-                    f"  training: {report.seconds / 60:.1f}/{report.budget_seconds / 60:.0f} min,"
-                    f" {report.tokens} tokens, loss {report.loss:.3f}"
-                    f" {agreement_text(report.agreement)}", style="dim"))
+                console.print(
+                    Text(
+                        f"  training: {report.seconds / 60:.1f}/{report.budget_seconds / 60:.0f} min,"
+                        f" {report.tokens} tokens, loss {report.loss:.3f}"
+                        f" {agreement_text(report.agreement)}",
+                        style="dim",
+                    )
+                )
 
             yield data_line, train_line
             return
         columns = (
-            TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-            TimeRemainingColumn(), TextColumn("{task.fields[detail]}"),
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeRemainingColumn(),
+            TextColumn("{task.fields[detail]}"),
         )
         with Progress(*columns, console=console) as bars:
             tasks: dict[str, Any] = {}
@@ -688,16 +701,22 @@ class Renderer:
 
             def on_data(report: DataProgress) -> None:
                 detail = f"{report.tokens} tokens" if report.tokens else ""
-                bars.update(task(report.stage, report.total), completed=report.done,
-                            total=report.total, detail=detail)
+                bars.update(
+                    task(report.stage, report.total),
+                    completed=report.done,
+                    total=report.total,
+                    detail=detail,
+                )
 
             def on_train(report: TrainProgress) -> None:
                 if report.agreement is not None:
                     shown["agreement"] = agreement_text(report.agreement)
                 loss = "" if report.loss != report.loss else f"loss {report.loss:.3f}  "
-                bars.update(task("training (s)", report.budget_seconds),
-                            completed=min(report.seconds, report.budget_seconds),
-                            detail=f"{loss}{shown['agreement']}")
+                bars.update(
+                    task("training (s)", report.budget_seconds),
+                    completed=min(report.seconds, report.budget_seconds),
+                    detail=f"{loss}{shown['agreement']}",
+                )
 
             yield on_data, on_train
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from specrepl.drafters import ModelDrafter
+from specrepl.gamma import make_policy
 from specrepl.generation import (
     ContextTooLongError,
     GenerationInterrupted,
@@ -12,6 +14,7 @@ from specrepl.generation import (
     speculative_generate,
     stream_speculative,
 )
+from specrepl.results import PROMPT_PASS
 from specrepl.testing import perturbed_copy, tiny_llama
 
 PROMPTS = ([1, 5, 9, 12], [1, 17, 4, 30, 8, 8, 2, 11], [7])
@@ -170,3 +173,27 @@ def test_stream_yields_steps_that_add_up(target, drafters, references) -> None:
         assert len(event.appended) == event.accepted + 1
         if event.rejected is not None:
             assert event.appended[event.accepted] != event.rejected
+
+
+@pytest.mark.parametrize("policy", ["fixed", "auto"])
+def test_the_first_token_comes_from_the_targets_prompt_pass(target, drafters, policy) -> None:
+    """The first step drafts nothing: its token is the target's own from the prompt
+    pass (at the target's pace); the drafter reads the prompt and that token
+    before its first draft, in the next step."""
+    prompt = [3, 9, 4, 17, 2, 8, 11]
+    reference = autoregressive_generate(prompt, target, max_gen_len=12)
+    steps = list(
+        stream_speculative(
+            prompt,
+            ModelDrafter(drafters["close"]),
+            target,
+            gamma=make_policy(policy, 4),
+            max_gen_len=12,
+        )
+    )
+    first, second = steps[0], steps[1]
+    assert first.drafts == () and first.choice == PROMPT_PASS
+    assert first.appended == (reference.token_ids[0],)
+    assert second.gamma > 0
+    assert second.read_tokens == len(prompt) + 1  # the whole prompt, then the first token
+    assert second.source == "model" and second.read_seconds <= second.draft_seconds

@@ -815,6 +815,9 @@ class Benchmark:
                 if on_progress is not None:
                     on_progress(0, total, "timing forward widths")
                 self.width_plans = tune_pair_widths(self.pair, self.max_gamma())
+                # built again on the timed widths, as the REPL builds its drafter after
+                # them (a llama.cpp drafter's automatic window needs the target's step)
+                self.drafter = self._build_drafter(keep_between_prompts=False)
             if any(method.name == HF_COMPILED for method in self.methods):
                 if on_progress is not None:
                     on_progress(0, total, "compiling the hf-compiled peer")
