@@ -674,7 +674,8 @@ class Renderer:
                 last_line["share"] = share
                 console.print(
                     Text(
-                        f"  training: {report.seconds / 60:.1f}/{report.budget_seconds / 60:.0f} min,"
+                        f"  training: {report.seconds / 60:.1f}"
+                        f"/{report.budget_seconds / 60:.0f} min,"
                         f" {report.tokens} tokens, loss {report.loss:.3f}"
                         f" {agreement_text(report.agreement)}",
                         style="dim",
