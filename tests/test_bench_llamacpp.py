@@ -19,8 +19,13 @@ from specrepl.bench.prompts import BenchError, BenchPrompt
 from specrepl.bench.report import BenchReport
 from specrepl.bench.runner import Benchmark, BenchOptions, GammaSpec
 from specrepl.drafter_options import DrafterOptions
+from specrepl.drafters import HybridDrafter
+from specrepl.llamacpp_drafter import LlamaCppDrafter
 from specrepl.models import ModelPair, embedded_gguf_path
 from specrepl.processors import GreedyProcessor, NucleusProcessor, TopKProcessor
+from specrepl.session import ChatSession
+from specrepl.settings import Settings
+from specrepl.widths import WidthPlan, clear_width_plan, set_width_plan
 
 HAS_LLAMA_CPP = importlib.util.find_spec("llama_cpp") is not None
 
@@ -138,3 +143,26 @@ def test_a_chat_keeps_the_llamacpp_drafters_state_from_turn_to_turn(
         assert all(record.runs[name].reused_prompt_tokens > 0 for record in records[1:])
     with pytest.raises(BenchError, match="--chat with --gamma-sweep"):
         Benchmark(embedded_pair, replace(options, sweep=(2,)))
+
+
+@pytest.mark.skipif(not HAS_LLAMA_CPP, reason="llama-cpp-python is not installed")
+def test_bench_and_the_repl_build_the_same_llamacpp_drafter(embedded_pair: ModelPair) -> None:
+    """Same settings, same drafter: kind, runtime and the automatic window the
+    target's timed step gives (bench once built it before the widths were timed,
+    and its drafter read long prompts whole while the REPL's read a window)."""
+    target = embedded_pair.target.model
+    set_width_plan(target, WidthPlan(seconds={1: 0.03, 2: 0.04}, padded={}))
+    try:
+        settings = Settings(drafter_kind="hybrid", drafter_runtime="llamacpp")
+        repl = ChatSession(embedded_pair, settings)._drafter(settings)
+        options = BenchOptions(
+            drafter_kind="hybrid", drafter=DrafterOptions(runtime="llamacpp"), tune_widths=False
+        )
+        bench = Benchmark(embedded_pair, options)._build_drafter(keep_between_prompts=False)
+    finally:
+        clear_width_plan(target)
+    for drafter in (repl, bench):
+        assert isinstance(drafter, HybridDrafter)
+        assert isinstance(drafter.model, LlamaCppDrafter)
+    assert repl.model.window == bench.model.window
+    assert repl.model.window is not None and repl.model.window >= 32
