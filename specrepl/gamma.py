@@ -11,14 +11,21 @@ drafter's own distribution).
 - `confidence`: up to the maximum, but the model drafter stops as soon as its
   most likely token has probability below a threshold.
 - `auto`: from running acceptance estimates and the measured costs of a
-  drafter token and of verifying k drafts, pick the gamma that maximises
-  expected tokens per second. With one acceptance rate a, tokens per step are
-  (1 - a^(g+1)) / (1 - a) (Leviathan et al. 2023); `auto` keeps a rate per
-  draft position instead (see `AutoGamma`). Gamma 0 (the target alone) is
+  drafter token, of a drafter's read of unseen context and of verifying k
+  drafts, pick the source and gamma that maximise expected tokens per second.
+  With one acceptance rate a, tokens per step are (1 - a^(g+1)) / (1 - a)
+  (Leviathan et al. 2023); every policy keeps a rate per draft source and
+  position instead (see `SourceEstimates`). Gamma 0 (the target alone) is
   chosen when drafting does not pay; a probe at the initial gamma now and then
   keeps the estimates alive.
 
-This module knows nothing about models: it reads `StepEvent`s only.
+A drafter with several sources (the hybrid: prompt lookup and a model) offers
+them each step as `Offer`s; `choose` picks one with its gamma and says why
+(`Choice.reason`, shown by /debug and kept in the JSON). A policy kept across
+a chat's turns keeps what it learnt (`start` begins a generation, not a new
+policy).
+
+This module knows nothing about models: it reads `Offer`s and `StepEvent`s only.
 """
 
 from __future__ import annotations

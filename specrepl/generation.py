@@ -1,11 +1,15 @@
 """The autoregressive and speculative generators.
 
-One decoding loop serves both: each step the drafter proposes up to gamma
-tokens, the target scores the sequence plus the drafts in one forward pass,
-and `verification.py` decides what to keep. Target-only (autoregressive)
-generation is the same loop with no drafts, so both share every cost that is
-not a model call. The loop yields a `StepEvent` per step; the `*_generate`
-functions collect them into a `GenerationResult`.
+One decoding loop serves both: each step the drafter offers what it can
+draft, the gamma policy chooses a source and gamma, the drafter proposes up
+to gamma tokens, the target scores the sequence plus the drafts in one
+forward pass, and `verification.py` decides what to keep. The first step of
+every generation is the target's prompt pass alone, so the first token comes
+at the target's own pace; the drafter reads the prompt in the next step.
+Target-only (autoregressive) generation is the same loop with no drafts, so
+both share every cost that is not a model call. The loop yields a
+`StepEvent` per step; the `*_generate` functions collect them into a
+`GenerationResult`.
 
 Invariant with caches on: before a step, each model's cache holds a prefix of
 the current sequence and at least its last token is uncached; after the step

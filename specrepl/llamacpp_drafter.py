@@ -11,6 +11,11 @@ a drafter model that was loaded from a GGUF file can draft in llama.cpp,
 while the target verifies in torch as before: the output is still exactly the
 target's (the drafts' laws q are llama.cpp's softmax, as for any drafter).
 
+A prompt pass is compute-bound in llama.cpp as in torch, so a long unseen
+stretch (a pasted document) is read only in part: `window` bounds one read,
+chosen by default from measured costs (`auto_window`), and `DraftView` keeps
+the spans the cache holds.
+
 `choose_runtime` decides, for `runtime = "auto"`, by timing one decoding step
 of each on this machine (never by a constant): llama.cpp when it is installed,
 the drafter came from a GGUF file, runs on the CPU, and its step measured
