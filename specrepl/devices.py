@@ -1,16 +1,30 @@
-"""Reading a clock on an accelerator: wait for the work queued on the device first.
+"""Device housekeeping: reading a clock after the device's queued work, and giving memory back.
 
 CUDA and MPS run kernels asynchronously, so a timer read right after a model
 call measures the launch, not the work. Every timing in specrepl (the
 generation clock, the forward-width timings, bench's runs) synchronizes
 through `synchronize`, so all of them treat every device the same way.
+
+`release_memory` gives back what dropped tensors held: unreachable objects
+are collected, a GPU's cached blocks freed, and on Linux with glibc the C
+heap trimmed. A model's many small tensors live on that heap, which glibc
+keeps after they are freed: dropping the embedded bfloat16 drafter (~257 MiB)
+gave back 54 MiB of resident memory without the trim and 184 MiB with it
+(2-core AMD EPYC).
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import functools
+import gc
+import sys
+from collections.abc import Callable
+
 import torch
 
-__all__ = ["synchronize"]
+__all__ = ["release_memory", "synchronize"]
 
 
 def synchronize(device: torch.device) -> None:
@@ -19,3 +33,26 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
     elif device.type == "mps":
         torch.mps.synchronize()
+
+
+def release_memory() -> None:
+    """Give back what dropped objects held: collect unreachable ones, free a GPU's
+    cached blocks, and trim the C heap where glibc can (`malloc_trim`)."""
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
+@functools.cache
+def _malloc_trim() -> Callable[[int], int] | None:
+    """glibc's `malloc_trim`, or None where there is none (macOS, musl, Windows)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        return libc.malloc_trim
+    except (OSError, AttributeError):
+        return None

@@ -19,14 +19,16 @@ This module knows nothing about decoding, settings or the terminal.
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.util
 import logging
 import os
 import socket
 import time
 import warnings
+import weakref
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -43,7 +45,10 @@ from transformers import (
 from . import gguf_cache
 from .compatibility import check_compatibility
 from .config import DTYPE_NAMES, ModelSpec
+from .devices import release_memory
 from .forward import context_length, logits_width
+from .widths import WidthPlan, install_width_plan
+from .widths import width_plan as installed_plan
 
 __all__ = [
     "DEFAULT_CONTEXT_LENGTH",
@@ -95,9 +100,18 @@ class LoadedModel:
     `ModelPair.from_models`); `from_cache` says a GGUF file was served from
     its converted copy rather than converted by this load; `gguf` is the GGUF
     file it was loaded from, if any (what the llama.cpp bench peer runs).
+
+    A model loaded from files can be dropped from memory while nothing needs
+    it (`release`: the session does so with a drafter that llama.cpp runs)
+    and comes back as it was the next time `model` is read: loaded again by
+    the same call from the same files (a GGUF file's converted copy, ~0.2 s
+    for the embedded model), in eval mode, with the width plan it had
+    (`widths.py`); or, if something else still held it, that same object. A
+    model wrapped in memory (no `reload`) is never released.
     """
 
-    model: PreTrainedModel
+    held: PreTrainedModel | None
+    """The model while it is in memory; None once released (`model` loads it again)."""
     name: str
     kind: str
     dtype: torch.dtype
@@ -108,6 +122,12 @@ class LoadedModel:
     load_seconds: float
     from_cache: bool = False
     gguf: Path | None = None
+    reload: Callable[[], PreTrainedModel] | None = field(default=None, repr=False)
+    """Loads the model again (None: it cannot be, so it is never released)."""
+    reloads: int = field(default=0, init=False)
+    """How many times the model was loaded again after a `release`."""
+    _plan: WidthPlan | None = field(default=None, init=False, repr=False)
+    _dropped: weakref.ref[PreTrainedModel] | None = field(default=None, init=False, repr=False)
 
     @classmethod
     def wrap(
@@ -119,11 +139,13 @@ class LoadedModel:
         load_seconds: float = 0.0,
         from_cache: bool = False,
         gguf: Path | None = None,
+        reload: Callable[[], PreTrainedModel] | None = None,
     ) -> LoadedModel:
-        """Describe an already-built model (put into eval mode)."""
+        """Describe an already-built model (put into eval mode); `reload` loads
+        it again after a `release` (None: never released)."""
         model.eval()
         return cls(
-            model=model,
+            held=model,
             name=name,
             kind=kind,
             dtype=model.dtype,
@@ -134,7 +156,57 @@ class LoadedModel:
             load_seconds=load_seconds,
             from_cache=from_cache,
             gguf=gguf,
+            reload=reload,
         )
+
+    @property
+    def model(self) -> PreTrainedModel:
+        """The model, loaded again first if it was released (raises ModelLoadError
+        if that fails: its files are gone, say). A released model that something
+        else still held is taken back as it is, not loaded a second time."""
+        if self.held is None:
+            alive = None if self._dropped is None else self._dropped()
+            if alive is not None:
+                self.held = alive
+            elif self.reload is None:  # release() keeps such a model: never reached
+                raise ModelLoadError(f"{self.name} was released and cannot be loaded again")
+            else:
+                model = self.reload()
+                model.eval()
+                if self._plan is not None:
+                    install_width_plan(model, self._plan)
+                self.held, self.reloads = model, self.reloads + 1
+            self._dropped = None
+        return self.held
+
+    @property
+    def resident(self) -> bool:
+        """Whether the model is in memory now (False after a `release`)."""
+        return self.held is not None
+
+    @property
+    def releasable(self) -> bool:
+        """Whether `release` can drop the model (it can be loaded again)."""
+        return self.reload is not None
+
+    def release(self) -> bool:
+        """Let go of the model until `model` is next read, keeping its width plan,
+        and give its memory back (`devices.release_memory`); returns whether it
+        was let go (False for one that cannot be loaded again, which stays). The
+        memory is freed only if nothing else holds the model (a drafter built
+        on it, a kept cache)."""
+        if self.reload is None:
+            return False
+        if self.held is not None:
+            self._plan = installed_plan(self.held)
+            self._dropped = weakref.ref(self.held)
+            self.held = None
+            release_memory()
+        return True
+
+    def width_plan(self) -> WidthPlan | None:
+        """The model's width plan (`widths.py`), kept while it is released."""
+        return self._plan if self.held is None else installed_plan(self.held)
 
     @property
     def logits_width(self) -> int:
@@ -493,8 +565,43 @@ class _Loader:
             load_seconds=time.perf_counter() - start,
             from_cache=from_cache,
             gguf=source.gguf,
+            reload=functools.partial(self.again().load_model, spec, source, role, dtype),
         )
         return loaded, tokenizer, source
+
+    def again(self) -> _Loader:
+        """A loader for loading a model of this pair again later: the same device
+        and policy, no progress reports (the loading screen is long gone), and
+        no hub: a hub model is read from the local cache it was just saved in."""
+        return _Loader(self.device, self.trust_remote_code, _ignore, _hub_online=False)
+
+    def load_model(
+        self, spec: ModelSpec, source: _Source, role: str, dtype: torch.dtype
+    ) -> PreTrainedModel:
+        """The model of `spec` alone, loaded as `load` loads it (a GGUF file from
+        its converted copy, converted again if the copy is gone or damaged)."""
+        with _quiet():
+            files, _, offline = self._files(source)
+            return self._model(spec, source, role, files, offline, dtype)
+
+    def _model(
+        self,
+        spec: ModelSpec,
+        source: _Source,
+        role: str,
+        files: str,
+        offline: bool,
+        dtype: torch.dtype,
+    ) -> Any:
+        return self._call(
+            spec,
+            source,
+            role,
+            AutoModelForCausalLM.from_pretrained,
+            files,
+            offline,
+            **self._model_options(spec, dtype),
+        )
 
     def _tokenizer_and_model(
         self,
@@ -510,16 +617,7 @@ class _Loader:
             tokenizer: PreTrainedTokenizerBase | None = tokenizer_from[1]
         else:
             tokenizer = self._tokenizer(spec, source, role, files, offline)
-        model = self._call(
-            spec,
-            source,
-            role,
-            AutoModelForCausalLM.from_pretrained,
-            files,
-            offline,
-            **self._model_options(spec, dtype),
-        )
-        return tokenizer, model
+        return tokenizer, self._model(spec, source, role, files, offline, dtype)
 
     def _files(self, source: _Source) -> tuple[str, bool, bool]:
         """What to pass to from_pretrained, whether it is a cached GGUF copy, and offline."""

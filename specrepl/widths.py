@@ -51,6 +51,7 @@ __all__ = [
     "WidthPlan",
     "clear_width_plan",
     "cpu_model",
+    "install_width_plan",
     "measure_plan",
     "measure_widths",
     "one_token_step",
@@ -89,6 +90,14 @@ _PLANS: weakref.WeakKeyDictionary[PreTrainedModel, WidthPlan] = weakref.WeakKeyD
 
 def set_width_plan(model: PreTrainedModel, plan: WidthPlan) -> None:
     _PLANS[model] = plan
+
+
+def install_width_plan(model: PreTrainedModel, plan: WidthPlan) -> None:
+    """Give `model` a plan measured before (stored, or on an earlier load of the
+    same model): its layers take the weight-first form where the plan says so."""
+    if plan.weight_first:
+        allow_forms(model)
+    set_width_plan(model, plan)
 
 
 def clear_width_plan(model: PreTrainedModel) -> None:
@@ -309,9 +318,9 @@ def tune_pair_widths(
                 }
             else:
                 saved.pop(key, None)
-        elif plan.weight_first:
-            allow_forms(model.model)
-        set_width_plan(model.model, plan)
+            set_width_plan(model.model, plan)
+        else:
+            install_width_plan(model.model, plan)
         plans[role] = plan
     if store is not None:
         try:

@@ -1,4 +1,5 @@
-"""Loading model pairs: devices, dtypes, end tokens, local directories, GGUF cache, errors.
+"""Loading model pairs: devices, dtypes, end tokens, local directories, GGUF cache, errors,
+and a released model loaded again.
 
 Tests marked `embedded` load the real SmolLM2-135M pair offline (one GGUF
 conversion per session, ~20 s, shared through `embedded_cache_dir`).
@@ -9,8 +10,10 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import sys
 import time
+import weakref
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,6 +27,7 @@ from transformers import GenerationConfig
 from specrepl import gguf_cache, models
 from specrepl.compatibility import IncompatibleTokenizersError
 from specrepl.config import ModelSpec
+from specrepl.linear_forms import forms_allowed
 from specrepl.models import (
     LoadedModel,
     ModelLoadError,
@@ -34,6 +38,7 @@ from specrepl.models import (
     resolve_dtype,
 )
 from specrepl.testing import tiny_llama, tiny_tokenizer
+from specrepl.widths import WidthPlan, install_width_plan, width_plan
 
 IM_END = 3  # id of <|im_end|> in specrepl.testing.tiny_tokenizer
 
@@ -338,6 +343,72 @@ def test_a_known_architecture_ignores_the_repository_code(
     assert not marker.exists()
 
 
+# -- releasing a model and loading it again ----------------------------------------------
+
+
+def test_a_released_model_comes_back_with_the_same_weights_and_width_plan(tmp_path: Path) -> None:
+    target = save_tiny(tmp_path / "target")
+    drafter = save_tiny(tmp_path / "drafter", seed=1, tokenizer=False)
+    loaded = load_pair(str(target), ModelSpec(str(drafter), dtype="bfloat16")).drafter
+    assert loaded is not None and loaded.releasable and loaded.resident
+    first = loaded.model
+    ids = torch.tensor([[1, 7, 9, 12]])
+    with torch.no_grad():
+        expected = first(ids).logits
+    weights = {name: tensor.clone() for name, tensor in first.state_dict().items()}
+    plan = WidthPlan({1: 1.0, 2: 3.0, 3: 2.0}, {1: 1, 2: 3, 3: 3}, frozenset({3}))
+    install_width_plan(first, plan)  # as if timed: pad 2 rows to 3, weight first at 3
+    gone = weakref.ref(first)
+    del first
+    assert loaded.release() and not loaded.resident
+    assert gone() is None  # nothing else held it: out of memory
+    assert loaded.width_plan() == plan and loaded.reloads == 0
+    assert loaded.release()  # released already: nothing to do
+    again = loaded.model
+    assert loaded.resident and loaded.reloads == 1 and loaded.model is again
+    assert not again.training and again.dtype == torch.bfloat16
+    assert width_plan(again) == plan and forms_allowed(again)
+    state = again.state_dict()
+    assert state.keys() == weights.keys()
+    assert all(torch.equal(state[name], tensor) for name, tensor in weights.items())
+    with torch.no_grad():
+        assert torch.equal(again(ids).logits, expected)
+
+
+def test_a_released_model_still_held_elsewhere_is_taken_back_not_loaded_twice(
+    tmp_path: Path,
+) -> None:
+    target = save_tiny(tmp_path / "target")
+    drafter = save_tiny(tmp_path / "drafter", seed=1, tokenizer=False)
+    loaded = load_pair(str(target), str(drafter)).drafter
+    assert loaded is not None
+    kept = loaded.model  # as a drafter built on it, in another session, holds it
+    assert loaded.release() and not loaded.resident
+    assert loaded.model is kept and loaded.resident and loaded.reloads == 0
+    del kept
+    assert loaded.release()
+    assert loaded.model is not None and loaded.reloads == 1  # nothing held it: loaded again
+
+
+def test_a_released_model_whose_files_are_gone_says_so(tmp_path: Path) -> None:
+    target = save_tiny(tmp_path / "target")
+    drafter = save_tiny(tmp_path / "drafter", seed=1, tokenizer=False)
+    loaded = load_pair(str(target), str(drafter)).drafter
+    assert loaded is not None and loaded.release()
+    shutil.rmtree(drafter)
+    with pytest.raises(ModelLoadError, match="drafter"):
+        loaded.model  # noqa: B018
+    assert not loaded.resident
+
+
+def test_a_model_wrapped_in_memory_is_never_released() -> None:
+    target, drafter = tiny_llama(32, seed=0), tiny_llama(32, seed=1)
+    pair = ModelPair.from_models(target, drafter, tiny_tokenizer(32))
+    assert pair.drafter is not None and not pair.drafter.releasable
+    assert not pair.drafter.release()
+    assert pair.drafter.resident and pair.drafter.model is drafter
+
+
 # -- sources that cannot be loaded --------------------------------------------------------
 
 
@@ -587,6 +658,25 @@ def test_embedded_pair(embedded_pair: ModelPair, embedded_cache_dir: str) -> Non
     ids = pair.tokenizer("Hello", return_tensors="pt").input_ids
     with torch.no_grad():
         assert pair.target.model(ids).logits.shape[-1] == 49152
+
+
+@pytest.mark.embedded
+def test_a_released_embedded_drafter_comes_back_from_the_converted_copy() -> None:
+    pair = load_pair("embedded", ModelSpec("embedded", dtype="bfloat16"))  # its own: released
+    drafter = pair.drafter
+    assert drafter is not None and drafter.releasable and pair.drafter_is_copy
+    ids = pair.tokenizer("The capital of France is", return_tensors="pt").input_ids
+    with torch.no_grad():
+        expected = drafter.model(ids).logits
+    assert drafter.release() and not drafter.resident
+    start = time.perf_counter()
+    again = drafter.model
+    elapsed = time.perf_counter() - start
+    assert drafter.reloads == 1 and again.dtype == torch.bfloat16
+    assert elapsed < 5, f"loading the converted copy again took {elapsed:.1f} s"
+    with torch.no_grad():
+        assert torch.equal(again(ids).logits, expected)
+    assert pair.drafter_is_copy  # as computed at load
 
 
 @pytest.mark.embedded
