@@ -70,6 +70,8 @@ def turn_figures(answer, pauses: dict[str, float], events: list) -> dict[str, ob
         "drafts_by_source": by_source,
         "read_tokens": sum(event.read_tokens for event in events),
         "read_seconds": sum(event.read_seconds for event in events),
+        "imported_tokens": sum(event.imported_tokens for event in events),
+        "import_seconds": sum(event.import_seconds for event in events),
         "longest_pause": dict(pauses),
         "target_first_token": target.time_to_first_token,
         "choices": [[event.source, event.gamma, event.accepted, event.choice] for event in events],
@@ -83,6 +85,8 @@ def turn_figures(answer, pauses: dict[str, float], events: list) -> dict[str, ob
                 "target_seconds": round(event.target_seconds, 5),
                 "read_seconds": round(event.read_seconds, 5),
                 "read_tokens": event.read_tokens,
+                "import_seconds": round(event.import_seconds, 5),
+                "imported_tokens": event.imported_tokens,
             }
             for event in events
         ],
@@ -127,7 +131,8 @@ def main() -> int:
             f"turn {number:2d}: prompt {row['prompt_tokens']:5d} fed {row['fed']:4d} "
             f"speedup {row['speedup']:.2f}x first-token {row['first_token_ratio']:.2f} "
             f"tok/step {row['tokens_per_step']:.2f} read {row['read_tokens']} tok "
-            f"{row['read_seconds']:.2f}s pause spec {pauses.get('speculative', 0):.2f}s "
+            f"{row['read_seconds']:.2f}s took {row['imported_tokens']} "
+            f"{row['import_seconds']:.2f}s pause spec {pauses.get('speculative', 0):.2f}s "
             f"target {pauses.get('target', 0):.2f}s identical {row['identical']} [{sources}]",
             flush=True,
         )

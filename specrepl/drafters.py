@@ -33,12 +33,17 @@ class Draft:
 
     `read_seconds` of the drafting went to reading `read_tokens` context
     tokens the drafter had not seen (the read that also gives the first
-    draft's logits); a drafter that reads nothing leaves both at 0."""
+    draft's logits); a drafter that reads nothing leaves both at 0.
+    `import_seconds` went to taking the target's keys and values for
+    `imported_tokens` positions instead of reading them (a copy of the target
+    in llama.cpp, `llamacpp_kv`)."""
 
     tokens: torch.Tensor
     probs: torch.Tensor | None
     read_seconds: float = 0.0
     read_tokens: int = 0
+    import_seconds: float = 0.0
+    imported_tokens: int = 0
 
     def __len__(self) -> int:
         return int(self.tokens.shape[0])

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 from .results import Offer, StepEvent
@@ -189,6 +189,8 @@ class SourceEstimates:
 
     def observe_costs(self, event: StepEvent, catching_up: bool) -> None:
         gamma = event.gamma
+        # keys and values taken from the target instead of read: neither a read nor a draft
+        event = replace(event, draft_seconds=max(event.draft_seconds - event.import_seconds, 0.0))
         if event.read_tokens > 0:
             self.reads = True
             if event.read_tokens <= 2:

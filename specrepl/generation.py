@@ -257,6 +257,8 @@ def _steps(
             read_seconds=draft.read_seconds,
             read_tokens=draft.read_tokens,
             choice=choice.reason,
+            import_seconds=draft.import_seconds,
+            imported_tokens=draft.imported_tokens,
         )
         policy.observe(event)
         yield event

@@ -39,10 +39,12 @@ from transformers import PreTrainedModel
 
 from .drafter_options import DRAFTER_RUNTIMES, DrafterOptions
 from .drafters import Draft, collect_draft, next_draft
+from .kv_cache import cached_length
 from .llamacpp import LlamaCppUnavailable, import_llamacpp, open_gguf
+from .llamacpp_kv import KvImporter, probe_importer
 from .processors import LogitsProcessor
 from .results import Offer
-from .widths import measure_widths
+from .widths import measure_widths, one_token_step
 
 __all__ = [
     "MAX_CONTEXT",
@@ -161,6 +163,15 @@ class LlamaCppDrafter:
     change: the target verifies). None reads everything. Several drafters may
     share one `Llama`: each checks its view against the binding's own record
     of what it holds.
+
+    With an `importer` (the drafter is a copy of the target, `llamacpp_kv`)
+    the drafter sees everything and reads almost nothing: it asks for the
+    target's cache (`uses_target_cache`), and before drafting after an
+    unseen stretch it takes the target's keys and values for it, where that
+    is expected to cost less than reading it (`import_pays`: the importer's
+    measured seconds per position against `read_seconds_per_token`, the
+    batched read timed when the runtime was chosen and after every read).
+    It then reads only the last token. No window applies.
     """
 
     def __init__(
@@ -170,10 +181,18 @@ class LlamaCppDrafter:
         keep_between_prompts: bool = False,
         name: str = "model",
         window: int | None = None,
+        importer: KvImporter | None = None,
+        read_seconds_per_token: float | None = None,
     ) -> None:
         if window is not None and window < 1:
             raise ValueError(f"window must be >= 1 or None, got {window}")
         self._llama_cpp = import_llamacpp()
+        self.importer = importer
+        self.read_seconds_per_token = read_seconds_per_token
+        self.uses_target_cache = importer is not None
+        self._target_cache: Any = None  # the target's, between `update` and the next forward
+        if importer is not None:
+            window = None
         self.llama = llama
         self.name = name
         self.width = int(llama.n_vocab())
@@ -194,6 +213,7 @@ class LlamaCppDrafter:
     def forget(self) -> None:
         self.llama.n_tokens = 0  # the next evaluation drops every cached position
         self.view = DraftView()
+        self._target_cache = None
 
     def held(self) -> list[int]:
         """The tokens llama.cpp holds keys and values for."""
@@ -248,10 +268,49 @@ class LlamaCppDrafter:
         unread = len(ids) - self._plan(ids)
         return max(0, min(k, self.context - (len(self.view.tokens) + unread) + 1))
 
+    def _importable(self, ids: list[int]) -> int:
+        """How many leading tokens of `ids` to take from the target's cache
+        before drafting (0: read instead). Everything but the last token, where
+        the target's cache holds it, the stretch is longer than the usual
+        one or two tokens, and the write is expected to cost less than the read."""
+        if self.importer is None or self._target_cache is None:
+            return 0
+        count = min(cached_length(self._target_cache), len(ids) - 1)
+        unseen = count - self.view.covered
+        if unseen <= 2 or not self.import_pays(count, unseen):
+            return 0
+        return count
+
+    def import_pays(self, count: int, unseen: int) -> bool:
+        """Whether writing `count` positions is expected to cost less than
+        reading the `unseen` of them the drafter lacks (measured costs)."""
+        if self.importer is None:
+            return False
+        if self.read_seconds_per_token is None:
+            return True
+        return self.importer.estimate(count) < unseen * self.read_seconds_per_token
+
     def offers(self, sequence: torch.Tensor, k: int) -> list[Offer]:
         ids = sequence.tolist()
         self._sync(ids)
-        return [Offer(self.name, self._room(ids, k), len(ids) - self._plan(ids))]
+        start = max(self._plan(ids), self._importable(ids))
+        return [Offer(self.name, self._room(ids, k), len(ids) - start)]
+
+    def _import(self, ids: list[int]) -> tuple[int, float]:
+        """Take the target's keys and values where that pays (`_importable`);
+        returns the positions written and the seconds taken."""
+        count = self._importable(ids)
+        if count <= 0:
+            return 0, 0.0
+        assert self.importer is not None
+        try:
+            seconds = self.importer.write(self._target_cache, count, ids)
+        except RuntimeError:  # llama.cpp refused: its cache is empty, read instead
+            self.view = DraftView()
+            return 0, 0.0
+        self.view = DraftView()
+        self.view.extend(0, ids[:count])
+        return count, seconds
 
     def propose(
         self,
@@ -266,9 +325,13 @@ class LlamaCppDrafter:
         k = self._room(ids, k)
         if k <= 0:
             return Draft(sequence.new_empty(0), None)
+        imported, import_seconds = self._import(ids)
         started = time.perf_counter()
         read = self._read(ids)
         read_seconds = time.perf_counter() - started
+        if read > 2 and self.read_seconds_per_token is not None:
+            per_token = read_seconds / read
+            self.read_seconds_per_token = 0.7 * self.read_seconds_per_token + 0.3 * per_token
         tokens: list[torch.Tensor] = []
         laws: list[torch.Tensor] = []
         for index in range(k):
@@ -281,7 +344,13 @@ class LlamaCppDrafter:
                 self.llama.eval([int(token)])
                 self.view.extend(len(ids) + index, [int(token)])
         draft = collect_draft(tokens, laws, sequence)
-        return replace(draft, read_seconds=read_seconds, read_tokens=read)
+        return replace(
+            draft,
+            read_seconds=read_seconds,
+            read_tokens=read,
+            import_seconds=import_seconds,
+            imported_tokens=imported,
+        )
 
     def update(
         self,
@@ -293,6 +362,8 @@ class LlamaCppDrafter:
     ) -> None:
         self.view.cut_view(self.view.held_before(valid_length))
         self.llama.n_tokens = min(self.llama.n_tokens, len(self.view.tokens))
+        # read at the next `propose`, before the target's next forward changes it
+        self._target_cache = target_cache if self.importer is not None else None
 
 
 def llama_costs(
@@ -330,34 +401,61 @@ class RuntimeChoice:
     seconds: dict[str, float] = field(default_factory=dict)
     """Measured seconds of one drafting step, by runtime ("torch", "llamacpp"), and
     of reading one token in a batch in llama.cpp ("llamacpp_read")."""
+    imports: dict[int, tuple[KvImporter | None, str]] = field(default_factory=dict, compare=False)
+    """`probe_importer`'s verdict per target (by id): filled by `importer`."""
 
     @property
     def runtime(self) -> str:
         return "torch" if self.llama is None else "llamacpp"
 
     def describe(self) -> str:
-        return f"{'llama.cpp' if self.llama is not None else 'torch'}: {self.reason}"
+        taken = f"; {self.import_reason}" if self.import_reason else ""
+        return f"{'llama.cpp' if self.llama is not None else 'torch'}: {self.reason}{taken}"
 
     def model_drafter(
         self,
+        options: DrafterOptions,
+        target: PreTrainedModel | None = None,
         *,
         keep_between_prompts: bool = False,
-        window: int = 0,
-        target_step_seconds: float | None = None,
+        copy_of_target: bool = False,
     ) -> LlamaCppDrafter | None:
         """The drafter over llama.cpp to use in place of torch's (`build_drafter`'s
-        `model_runtime`), or None when torch drafts. `window` > 0 bounds each
-        read to that many tokens; 0 chooses the bound from measured costs
-        (`auto_window`: the target's one-token step, `target_step_seconds`,
-        against llama.cpp's batched read), or reads everything when the
-        target's step is not known."""
+        `model_runtime`), or None when torch drafts: what every entry point (the
+        REPL's session, bench) builds from the same drafter `options`.
+
+        When the drafter is a copy of `target` (`copy_of_target`, with the
+        cache on) and `probe_importer` accepts this llama.cpp, it takes the
+        target's keys and values instead of reading (`LlamaCppDrafter`).
+        Otherwise `options.window` > 0 bounds each read to that many tokens,
+        and 0 chooses the bound from measured costs (`auto_window`: the
+        target's one-token step against llama.cpp's batched read), or reads
+        everything when the target's step is not known."""
         if self.llama is None:
             return None
+        importer = None
+        if copy_of_target and target is not None:
+            importer = self.importer(target)
+        step = None if target is None else one_token_step(target)
         return LlamaCppDrafter(
             self.llama,
             keep_between_prompts=keep_between_prompts,
-            window=self.read_window(window, target_step_seconds),
+            window=self.read_window(options.window, step),
+            importer=importer,
+            read_seconds_per_token=self.seconds.get("llamacpp_read"),
         )
+
+    def importer(self, target: PreTrainedModel) -> KvImporter | None:
+        """The importer of `target`'s keys and values, probed once per target."""
+        key = id(target)
+        if key not in self.imports:
+            self.imports[key] = probe_importer(self.llama, target)
+        return self.imports[key][0]
+
+    @property
+    def import_reason(self) -> str | None:
+        """Whether the drafter takes the target's keys and values, and why (once probed)."""
+        return next((reason for _, reason in self.imports.values()), None)
 
     def read_window(self, window: int, target_step_seconds: float | None) -> int | None:
         """The bound on one read of the llama.cpp drafter (None: none; see `model_drafter`)."""

@@ -623,9 +623,15 @@ class Renderer:
         for source, drafted in result.drafted_by_source.items():
             taken = result.accepted_by_source.get(source, 0)
             sources.add_row(source, f"{taken}/{drafted}", _number(taken / drafted, ".0%"))
+        taken = (
+            f", took the target's keys and values for {result.imported_tokens} positions in "
+            f"{result.import_seconds:.2f} s"
+            if result.imported_tokens
+            else ""
+        )
         reads = Text(
             f"the drafter read {result.read_tokens} context tokens in "
-            f"{result.read_seconds:.2f} s; last step's choice: "
+            f"{result.read_seconds:.2f} s{taken}; last step's choice: "
             f"{next((why for *_, why in reversed(result.choices) if why), '-')}",
             style="dim",
         )

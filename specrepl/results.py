@@ -38,8 +38,10 @@ class StepEvent:
     `source` names what proposed the drafts ("model", "lookup", "head", ...;
     empty when nothing was drafted); `read_seconds` is the part of
     `draft_seconds` a drafter spent reading `read_tokens` context tokens it
-    had not seen (its catch-up before the first draft); `choice` says why the
-    gamma policy chose this source and gamma, with the costs it used.
+    had not seen (its catch-up before the first draft), and `import_seconds`
+    the part it spent taking the target's keys and values for
+    `imported_tokens` positions instead of reading them; `choice` says why
+    the gamma policy chose this source and gamma, with the costs it used.
     """
 
     drafts: tuple[int, ...]
@@ -53,6 +55,8 @@ class StepEvent:
     read_seconds: float = 0.0
     read_tokens: int = 0
     choice: str = ""
+    import_seconds: float = 0.0
+    imported_tokens: int = 0
 
     @property
     def rejected(self) -> int | None:
@@ -124,6 +128,9 @@ class GenerationResult(TimedTokens):
     read_tokens: int = 0
     """Context tokens the drafter read before drafting (its catch-up reads)."""
     read_seconds: float = 0.0
+    imported_tokens: int = 0
+    """Positions whose keys and values the drafter took from the target instead of reading."""
+    import_seconds: float = 0.0
     choices: list[tuple[str, int, int, str]] = field(default_factory=list)
     """Per step: the source, drafts, accepted drafts, and why the policy chose them."""
 
@@ -168,6 +175,8 @@ class GenerationResult(TimedTokens):
             self.choices.append((event.source, event.gamma, event.accepted, event.choice))
             self.read_tokens += event.read_tokens
             self.read_seconds += event.read_seconds
+            self.imported_tokens += event.imported_tokens
+            self.import_seconds += event.import_seconds
         if self.kind == "speculative" and event.gamma > 0:
             self.drafted += event.gamma
             self.accepted += event.accepted
@@ -217,6 +226,8 @@ class GenerationResult(TimedTokens):
             "accepted_by_source": dict(self.accepted_by_source) if speculative else None,
             "read_tokens": self.read_tokens if speculative else None,
             "read_seconds": self.read_seconds if speculative else None,
+            "imported_tokens": self.imported_tokens if speculative else None,
+            "import_seconds": self.import_seconds if speculative else None,
             "steps_chosen": (
                 [
                     {"source": source, "drafts": drafts, "accepted": accepted, "why": why}

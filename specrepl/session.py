@@ -21,7 +21,6 @@ prompt_toolkit. Settings are only changed through `Settings.updated`.
 
 from __future__ import annotations
 
-import gc
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -41,6 +40,7 @@ from .answers import (
     RunStep,
     StepPieces,
 )
+from .devices import release_memory
 from .draft_head import DraftHead, HeadLoadError, fastest_dtype, load_head, resolve_head
 from .drafter_options import DrafterOptions
 from .drafters import Drafter, NgramDrafter, build_drafter
@@ -55,6 +55,7 @@ from .generation import (
 from .gguf_cache import cache_root
 from .llamacpp import LlamaCppUnavailable
 from .llamacpp_drafter import RuntimeChoice, choose_drafter_runtime
+from .models import ModelLoadError
 from .processors import UnusableLogitsError
 from .prompt_cache import PromptCache
 from .prompting import (
@@ -67,7 +68,7 @@ from .prompting import (
 )
 from .results import StepEvent
 from .settings import SettingError, Settings
-from .widths import WidthPlan, one_token_step, tune_pair_widths, width_plan
+from .widths import WidthPlan, tune_pair_widths, width_plan
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -151,11 +152,16 @@ class ChatSession:
             self._check_head(updated)
         except HeadLoadError as error:
             raise SettingError(str(error)) from None
-        self.drafter_runtime(updated)  # llamacpp asked for where it cannot run: SettingError
+        try:
+            self._ready_drafter(updated)
+        except SettingError:
+            self._release_unneeded_drafter()  # loaded again for settings that are refused
+            raise
         old = self.settings
         self.settings = updated
         if any(getattr(old, name) != getattr(updated, name) for name in CACHE_SETTINGS):
             self.drop_caches()
+        self._release_unneeded_drafter()
         return [Change(name, getattr(old, name), getattr(updated, name)) for name in changes]
 
     def reset(self) -> int:
@@ -218,8 +224,9 @@ class ChatSession:
         ids = self.prompt_ids(prompt)
         common = self.pair.generation_options(use_cache=settings.use_cache)
         autoregressive_generate(ids, self.pair.target.model, max_gen_len=2, **common)
-        if self.pair.drafter is not None:
-            autoregressive_generate(ids, self.pair.drafter.model, max_gen_len=2, **common)
+        drafter = self.pair.drafter
+        if drafter is not None and (drafter.resident or self._needs_torch_drafter(settings)):
+            autoregressive_generate(ids, drafter.model, max_gen_len=2, **common)
         if settings.speculative and settings.drafter_kind != "ngram":  # n-gram counts may be kept
             speculative_generate(
                 ids,
@@ -230,6 +237,7 @@ class ChatSession:
                 **common,
             )
         self.drop_caches()  # the warm-up's prompt is no turn of the chat
+        self._release_unneeded_drafter()  # the speculative warm-up chose the runtime
 
     def answer(self, prompt: str, on_event: EventCallback | None = None) -> Answer:
         """Run every enabled generator on `prompt`; never raises for a bad prompt.
@@ -312,9 +320,11 @@ class ChatSession:
             if answer.refusal is not None:
                 answer.runs.clear()
                 if out_of_memory:  # the failed run's tensors are unreachable only now
-                    _release_memory()
+                    release_memory()
                 return answer
             answer.runs[generator] = run
+            if generator == "speculative":  # its first run chooses the drafter's runtime
+                self._release_unneeded_drafter()
             if run.interrupted:
                 break
         reply = answer.reply
@@ -423,7 +433,7 @@ class ChatSession:
                 )
                 self._ngram = kept
             return kept
-        model = self._drafter_model() if options.needs_model else None
+        model = self._drafter_model() if self._drafts_in_torch(settings) else None
         loaded = self.head(settings) if options.needs_head else None
         head = None if loaded is None else loaded[0]
         # kept with its cache while the drafter stays the same (a chat); another one
@@ -448,9 +458,10 @@ class ChatSession:
             model_runtime=None
             if runtime is None
             else runtime.model_drafter(
+                options,
+                self.pair.target.model,
                 keep_between_prompts=keep,
-                window=options.window,
-                target_step_seconds=one_token_step(self.pair.target.model),
+                copy_of_target=self.pair.drafter_is_copy and settings.use_cache,
             ),
         )
         self._caches["speculative"].drop()
@@ -527,14 +538,16 @@ class ChatSession:
         if self.pair.device.type != "cpu":
             return {}
         store = cache_root() / "widths.json"
-        return tune_pair_widths(self.pair, max(self.settings.gamma, 8), store=store, retime=retime)
+        plans = tune_pair_widths(self.pair, max(self.settings.gamma, 8), store=store, retime=retime)
+        self._release_unneeded_drafter()  # a released drafter was loaded again to be timed
+        return plans
 
     def width_plans(self) -> dict[str, WidthPlan | None]:
         """The width plan each model runs with, by role (None: not padded)."""
         plans: dict[str, WidthPlan | None] = {"target": width_plan(self.pair.target.model)}
         drafter = self.pair.drafter
-        if drafter is not None and drafter.model is not self.pair.target.model:
-            plans["drafter"] = width_plan(drafter.model)
+        if drafter is not None and drafter.held is not self.pair.target.model:
+            plans["drafter"] = drafter.width_plan()  # a released drafter's is kept
         return plans
 
     def head_summary(self) -> dict[str, Any] | None:
@@ -545,9 +558,68 @@ class ChatSession:
         return {**self._heads[name][1], "path": str(resolve_head(name))}
 
     def _drafter_model(self) -> Any:
+        """The drafter's torch model, loaded again first if it was released."""
         if self.pair.drafter is None:
             raise SettingError("no drafter model is loaded")
         return self.pair.drafter.model
+
+    def _ready_drafter(self, settings: Settings) -> None:
+        """Choose the drafter's runtime under `settings` and load the drafter's
+        torch model again now (not in the next answer) if they need it and it
+        was released. Raises SettingError when llama.cpp is asked for and
+        cannot run, or the model cannot be loaded again."""
+        try:
+            self.drafter_runtime(settings)
+            if self._needs_torch_drafter(settings):
+                self._drafter_model()
+        except ModelLoadError as error:
+            raise SettingError(f"the drafter model cannot be loaded again: {error}") from None
+
+    def _drafts_in_torch(self, settings: Settings) -> bool:
+        """Whether the speculative drafter `settings` ask for runs the drafter's
+        torch model: a drafter that needs the model, unless llama.cpp runs it."""
+        if not settings.drafter_options().needs_model:
+            return False
+        runtime = self.drafter_runtime(settings)
+        return runtime is None or runtime.llama is None
+
+    def _needs_torch_drafter(self, settings: Settings) -> bool:
+        """Whether anything `settings` enable runs the drafter's torch model: the
+        drafter-alone run, or a speculative drafter that needs the model and
+        drafts in torch or has no runtime chosen yet ("auto" times a torch step).
+        Chooses nothing."""
+        if self.pair.drafter is None:
+            return False
+        if settings.drafter_gen:
+            return True
+        options = settings.drafter_options()
+        if not (settings.speculative and options.needs_model):
+            return False
+        choice = self._runtimes.get(_runtime_key(options))
+        return choice is None or choice.llama is None
+
+    def _release_unneeded_drafter(self) -> None:
+        """Drop the drafter's torch model from memory while nothing the settings
+        enable needs it (llama.cpp drafts, say): `LoadedModel.release`, loaded
+        again when a setting needs it. What holds the model goes first: the
+        drafter-alone run's kept cache and a kept drafter built on it. A model
+        that cannot be loaded again (wrapped in memory) or that is the target
+        stays."""
+        drafter = self.pair.drafter
+        model = None if drafter is None else drafter.held
+        if (
+            drafter is None
+            or model is None
+            or not drafter.releasable
+            or model is self.pair.target.model
+            or self._needs_torch_drafter(self.settings)
+        ):
+            return
+        self._caches["drafter"].drop()
+        if self._kept_drafter is not None and id(model) in self._kept_drafter[0]:
+            self._kept_drafter = None
+        del model
+        drafter.release()
 
     def _pieces(self, step: StepEvent) -> StepPieces:
         def piece(token: int) -> str:
@@ -569,13 +641,6 @@ def _summary(error: BaseException, limit: int = 160) -> str:
     lines = str(error).strip().splitlines()
     line = lines[0] if lines else type(error).__name__
     return line if len(line) <= limit else line[: limit - 1] + "…"
-
-
-def _release_memory() -> None:
-    """Give back what an abandoned run held: unreachable tensors, then cached device blocks."""
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
 
 
 def _runtime_key(options: DrafterOptions) -> str:

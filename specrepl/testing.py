@@ -165,3 +165,24 @@ def tiny_head(
             target, records, settings, Path(work), end_tokens=[end_token], vocab_size=vocab
         )
     return state.head
+
+
+class CountingLlama:
+    """A llama.cpp model (`llama_cpp.Llama`), counting the tokens each `eval` feeds."""
+
+    def __init__(self, llama: Any) -> None:
+        self.inner = llama
+        self.fed: list[int] = []
+
+    def eval(self, tokens: Any) -> None:
+        self.fed.append(len(tokens))
+        self.inner.eval(tokens)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in ("inner", "fed"):
+            object.__setattr__(self, name, value)
+        else:
+            setattr(self.inner, name, value)

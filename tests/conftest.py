@@ -110,3 +110,20 @@ def every_setting_changed():
     ]
     assert not same, f"give {same} a value other than the default here"
     return changed
+
+
+@pytest.fixture(scope="module")
+def llama():
+    """The embedded model's GGUF file opened in llama.cpp (2048 positions), or
+    the test skipped where llama-cpp-python is not installed (failed where
+    SPECREPL_REQUIRE_LLAMACPP=1, as CI sets)."""
+    import importlib.util
+
+    from specrepl.llamacpp import open_gguf
+    from specrepl.models import embedded_gguf_path
+
+    if importlib.util.find_spec("llama_cpp") is None:
+        if os.environ.get("SPECREPL_REQUIRE_LLAMACPP") == "1":
+            pytest.fail("llama-cpp-python is not installed and SPECREPL_REQUIRE_LLAMACPP=1")
+        pytest.skip("llama-cpp-python is not installed (bash scripts/setup.sh builds it)")
+    return open_gguf(embedded_gguf_path(), context_length=2048, threads=torch.get_num_threads())

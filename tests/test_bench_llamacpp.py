@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+import specrepl.llamacpp_drafter as llamacpp_drafter
 from specrepl.bench import llamacpp, tables
 from specrepl.bench.llamacpp import LlamaCppUnavailable, open_llamacpp, sampling_options
 from specrepl.bench.markdown import LLAMACPP_NOTE, run_markdown
@@ -146,11 +147,20 @@ def test_a_chat_keeps_the_llamacpp_drafters_state_from_turn_to_turn(
 
 
 @pytest.mark.skipif(not HAS_LLAMA_CPP, reason="llama-cpp-python is not installed")
-def test_bench_and_the_repl_build_the_same_llamacpp_drafter(embedded_pair: ModelPair) -> None:
-    """Same settings, same drafter: kind, runtime and the automatic window the
-    target's timed step gives (bench once built it before the widths were timed,
-    and its drafter read long prompts whole while the REPL's read a window)."""
+@pytest.mark.parametrize("takes_keys", [True, False])
+def test_bench_and_the_repl_build_the_same_llamacpp_drafter(
+    embedded_pair: ModelPair, monkeypatch, takes_keys: bool
+) -> None:
+    """Same settings, same drafter: kind, runtime, whether it takes the
+    target's keys and values (the embedded copy does), and otherwise the
+    automatic window the target's timed step gives (bench once built it before
+    the widths were timed, and its drafter read long prompts whole while the
+    REPL's read a window)."""
     target = embedded_pair.target.model
+    if not takes_keys:
+        monkeypatch.setattr(
+            llamacpp_drafter, "probe_importer", lambda llama, target: (None, "refused here")
+        )
     set_width_plan(target, WidthPlan(seconds={1: 0.03, 2: 0.04}, padded={}))
     try:
         settings = Settings(drafter_kind="hybrid", drafter_runtime="llamacpp")
@@ -164,5 +174,10 @@ def test_bench_and_the_repl_build_the_same_llamacpp_drafter(embedded_pair: Model
     for drafter in (repl, bench):
         assert isinstance(drafter, HybridDrafter)
         assert isinstance(drafter.model, LlamaCppDrafter)
+        assert (drafter.model.importer is not None) == takes_keys
+        assert drafter.uses_target_cache == takes_keys
     assert repl.model.window == bench.model.window
-    assert repl.model.window is not None and repl.model.window >= 32
+    if takes_keys:
+        assert repl.model.window is None  # it sees everything, reading almost nothing
+    else:
+        assert repl.model.window is not None and repl.model.window >= 32

@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import weakref
 from pathlib import Path
 
 import pytest
@@ -38,6 +39,7 @@ from specrepl.processors import GreedyProcessor, TopKProcessor
 from specrepl.prompt_cache import PromptCache
 from specrepl.prompting import prompt_ids
 from specrepl.settings import SettingError
+from specrepl.testing import CountingLlama
 
 HAS_LLAMA_CPP = importlib.util.find_spec("llama_cpp") is not None
 REQUIRED = os.environ.get("SPECREPL_REQUIRE_LLAMACPP") == "1"
@@ -46,15 +48,6 @@ PROMPTS = (
     "Name three colours of the rainbow.",
     "Write a short sentence about the sea, then repeat it.",
 )
-
-
-@pytest.fixture(scope="module")
-def llama():
-    if not HAS_LLAMA_CPP:
-        if REQUIRED:
-            pytest.fail("llama-cpp-python is not installed and SPECREPL_REQUIRE_LLAMACPP=1")
-        pytest.skip("llama-cpp-python is not installed (bash scripts/setup.sh builds it)")
-    return open_gguf(embedded_gguf_path(), context_length=2048, threads=torch.get_num_threads())
 
 
 def ids_of(pair: ModelPair, text: str) -> list[int]:
@@ -94,27 +87,6 @@ def test_hybrid_with_llamacpp_keeps_the_target_output(embedded_pair: ModelPair, 
         ids, drafter, target, gamma=make_policy("auto", 8), max_gen_len=32, **options
     )
     assert result.token_ids == reference.token_ids
-
-
-class CountingLlama:
-    """The real llama, counting the tokens each `eval` feeds."""
-
-    def __init__(self, llama) -> None:
-        self.inner = llama
-        self.fed: list[int] = []
-
-    def eval(self, tokens) -> None:
-        self.fed.append(len(tokens))
-        self.inner.eval(tokens)
-
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
-
-    def __setattr__(self, name, value) -> None:
-        if name in ("inner", "fed"):
-            object.__setattr__(self, name, value)
-        else:
-            setattr(self.inner, name, value)
 
 
 def test_a_kept_chat_prefix_is_not_read_again(embedded_pair: ModelPair, llama) -> None:
@@ -340,6 +312,39 @@ def test_the_session_drafts_in_llamacpp_when_asked(
     assert session.runtime_summary().startswith("llama.cpp")
     session.update(drafter_runtime="torch")
     assert not isinstance(session._drafter(session.settings).model, LlamaCppDrafter)
+
+
+@pytest.mark.embedded
+def test_the_session_holds_no_torch_drafter_while_llamacpp_drafts(llama, monkeypatch) -> None:
+    from specrepl.config import ModelSpec
+    from specrepl.models import load_pair
+    from specrepl.session import ChatSession
+    from specrepl.settings import Settings
+
+    monkeypatch.setattr(llamacpp_drafter, "open_gguf", lambda *a, **k: llama)
+    pair = load_pair("embedded", ModelSpec("embedded", dtype="bfloat16"))  # its own: released
+    drafter = pair.drafter
+    assert drafter is not None
+    ids = torch.tensor([ids_of(pair, PROMPTS[0])])
+    with torch.no_grad():
+        expected = drafter.model(ids).logits
+    held = weakref.ref(drafter.model)
+    session = ChatSession(
+        pair, Settings(drafter_kind="hybrid", drafter_runtime="llamacpp", max_new_tokens=16)
+    )
+    for prompt in PROMPTS:  # a chat of two turns
+        runs = session.answer(prompt).runs
+        assert runs["speculative"].result.token_ids == runs["target"].result.token_ids
+        assert runs["speculative"].result.accepted > 0
+        assert not drafter.resident and held() is None  # out of memory, nothing kept it
+    # drafting in torch needs it: loaded again, the same weights, and the same answer
+    session.update(drafter_runtime="torch")
+    assert drafter.resident and drafter.reloads == 1
+    with torch.no_grad():
+        assert torch.equal(drafter.model(ids).logits, expected)
+    runs = session.answer(PROMPTS[0]).runs
+    assert runs["speculative"].result.token_ids == runs["target"].result.token_ids
+    assert pair.drafter_is_copy and drafter.resident
 
 
 def test_hybrid_forgets_what_llamacpp_holds(llama) -> None:

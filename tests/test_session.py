@@ -1,20 +1,29 @@
-"""The chat session: prompt building, the generators in turn, history, refusals, Ctrl-C."""
+"""The chat session: prompt building, the generators in turn, history, refusals, Ctrl-C,
+and the drafter's torch model released while llama.cpp drafts."""
 
 from __future__ import annotations
 
 import math
+import shutil
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from transformers import PreTrainedModel
 
-from specrepl.answers import RunFinished, RunStarted, RunStep, SessionEvent
-from specrepl.models import ModelPair
+import specrepl.session as session_module
+from specrepl.answers import Answer, RunFinished, RunStarted, RunStep, SessionEvent
+from specrepl.drafters import ModelDrafter
+from specrepl.llamacpp_drafter import RuntimeChoice
+from specrepl.models import ModelPair, load_pair
 from specrepl.session import ChatSession
-from specrepl.settings import Settings
-from specrepl.testing import interrupt_on_call, tiny_llama, tiny_tokenizer
+from specrepl.settings import SettingError, Settings
+from specrepl.testing import interrupt_on_call, perturbed_copy, tiny_llama, tiny_tokenizer
+from specrepl.widths import width_plan
 
 PROMPT = "w7 w8 w9"
 
@@ -471,7 +480,7 @@ def test_out_of_memory_abandons_the_answer_and_frees_memory(
     steps = session.answer(PROMPT).runs["speculative"].result.steps
     session.history = list(history)
     freed: list[str] = []
-    monkeypatch.setattr("specrepl.session.gc.collect", lambda: freed.append("gc") or 0)
+    monkeypatch.setattr("specrepl.devices.gc.collect", lambda: freed.append("gc") or 0)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: freed.append("cuda"))
     call = 3 if generator == "speculative" else steps + 2
@@ -523,3 +532,158 @@ def test_pasted_control_tokens_are_answered_as_text_by_the_embedded_pair(embedde
     ids = session.prompt_ids("And now?")
     # system, user, assistant, user, and the generation prompt: five turn starts
     assert ids.count(start) == 5 and ids.count(end) == 4
+
+
+# -- the drafter's torch model is in memory only while something runs it -------
+
+
+@pytest.fixture
+def saved_pair(tmp_path: Path) -> ModelPair:
+    """The tiny pair saved as model directories and loaded as `python infer.py`
+    loads a user's pair, so that its drafter can be released and loaded again
+    (one per test: the tests release it, and may delete its files)."""
+    target = tiny_llama(32, seed=4)
+    target.save_pretrained(tmp_path / "target")
+    tiny_tokenizer(32).save_pretrained(tmp_path / "target")
+    perturbed_copy(target, 0.3, seed=2).save_pretrained(tmp_path / "drafter")
+    return load_pair(str(tmp_path / "target"), str(tmp_path / "drafter"), device="cpu")
+
+
+def reloaded(pair: ModelPair) -> ModelPair:
+    """Another copy of a saved pair, loaded from the same directories."""
+    assert pair.drafter is not None
+    return load_pair(pair.target.name, pair.drafter.name, device="cpu")
+
+
+def llamacpp_played_by(model: PreTrainedModel, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make the "auto" runtime choose llama.cpp for the drafter model, played by
+    `model`, a torch copy of the drafter loaded apart: its drafts are the torch
+    drafter's own, so a session that releases the drafter must answer exactly
+    as one that drafts in torch. "torch" stays torch."""
+
+    def choose(options: Any, drafter_model: Any, gguf: Any) -> RuntimeChoice | None:
+        if not options.needs_model:
+            return None
+        if options.runtime == "torch":
+            return RuntimeChoice(None, "asked for")
+        return RuntimeChoice(object(), "played by a torch copy")
+
+    def model_drafter(choice: RuntimeChoice, *args: Any, **kwargs: Any) -> ModelDrafter | None:
+        keep = kwargs.get("keep_between_prompts", False)
+        return None if choice.llama is None else ModelDrafter(model, keep_between_prompts=keep)
+
+    monkeypatch.setattr(session_module, "choose_drafter_runtime", choose)
+    monkeypatch.setattr(RuntimeChoice, "model_drafter", model_drafter)
+
+
+def same_answers(ours: Answer, theirs: Answer) -> bool:
+    """The same runs with the same tokens, drafts and accepted drafts."""
+    assert ours.refusal is None and theirs.refusal is None
+    return list(ours.runs) == list(theirs.runs) and all(
+        (mine.result.token_ids, mine.result.drafted, mine.result.accepted)
+        == (other.result.token_ids, other.result.drafted, other.result.accepted)
+        for mine, other in zip(ours.runs.values(), theirs.runs.values(), strict=True)
+    )
+
+
+def llamacpp_and_torch_sessions(
+    pair: ModelPair, monkeypatch: pytest.MonkeyPatch
+) -> tuple[Any, ChatSession, ChatSession]:
+    """The saved pair's drafter, a session on it that drafts in "llama.cpp"
+    (`llamacpp_played_by`) and one on another copy of the pair that drafts in
+    torch, both with a fixed gamma."""
+    drafter = pair.drafter
+    assert drafter is not None
+    llamacpp_played_by(reloaded(pair).drafter.model, monkeypatch)
+    torch_session = new_session(reloaded(pair), gamma_policy="fixed", drafter_runtime="torch")
+    return drafter, new_session(pair, gamma_policy="fixed"), torch_session
+
+
+def test_a_session_drafting_in_llamacpp_holds_no_torch_drafter_and_answers_the_same(
+    saved_pair: ModelPair, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    drafter, session, torch_session = llamacpp_and_torch_sessions(saved_pair, monkeypatch)
+    held = weakref.ref(drafter.model)
+    for prompt in (PROMPT, "w10 w11 w12"):  # a chat: the second turn reuses kept caches
+        answer = session.answer(prompt)
+        assert session.drafter_runtime().llama is not None
+        assert not drafter.resident and held() is None  # released, and nothing kept it alive
+        assert same_answers(answer, torch_session.answer(prompt))
+    assert drafter.reloads == 0  # nothing needed it again
+    assert torch_session.pair.drafter.resident  # drafting in torch keeps it
+
+
+def test_settings_that_run_the_torch_drafter_load_it_again(
+    saved_pair: ModelPair, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    drafter, session, torch_session = llamacpp_and_torch_sessions(saved_pair, monkeypatch)
+
+    def answers_the_same(prompt: str) -> bool:
+        return same_answers(session.answer(prompt), torch_session.answer(prompt))
+
+    assert answers_the_same(PROMPT) and not drafter.resident
+    # the drafter alone runs the torch model: loaded again by the setting, not the answer
+    for running in (session, torch_session):
+        running.update(drafter_gen=True)
+    assert drafter.resident and drafter.reloads == 1
+    assert answers_the_same("w10 w11") and drafter.resident
+    held = weakref.ref(drafter.model)  # the drafter-alone run's kept cache holds it
+    for running in (session, torch_session):
+        running.update(drafter_gen=False)
+    assert not drafter.resident and held() is None
+    session.update(drafter_runtime="torch")
+    assert drafter.resident and drafter.reloads == 2
+    assert session._drafter(session.settings).model is drafter.held
+    assert answers_the_same("w12") and drafter.resident
+    # a drafter that needs no model: released; the model drafter in torch: loaded again
+    held = weakref.ref(drafter.model)  # the kept torch drafter holds it
+    session.update(drafter_kind="lookup")
+    assert not drafter.resident and held() is None
+    assert session.answer("w13").refusal is None and not drafter.resident
+    session.update(drafter_kind="model")
+    assert drafter.resident and drafter.reloads == 3
+
+
+def test_the_warm_up_releases_the_drafter_and_keeps_its_width_plan(
+    saved_pair: ModelPair, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    drafter = saved_pair.drafter
+    assert drafter is not None
+    llamacpp_played_by(reloaded(saved_pair).drafter.model, monkeypatch)
+    session = new_session(saved_pair)
+    session.warm_up()
+    assert not drafter.resident
+    plan = session.width_plans()["drafter"]
+    assert plan is not None  # timed before the release, kept with the released model
+    session.update(drafter_gen=True)
+    assert drafter.resident and width_plan(drafter.model) == plan
+
+
+def test_a_drafter_that_cannot_be_loaded_again_is_refused_and_llamacpp_still_drafts(
+    saved_pair: ModelPair, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    drafter = saved_pair.drafter
+    assert drafter is not None
+    llamacpp_played_by(reloaded(saved_pair).drafter.model, monkeypatch)
+    session = new_session(saved_pair)
+    assert session.answer(PROMPT).refusal is None and not drafter.resident
+    shutil.rmtree(drafter.name)
+    with pytest.raises(SettingError, match="the drafter model cannot be loaded again"):
+        session.update(drafter_gen=True)
+    assert not session.settings.drafter_gen and not drafter.resident
+    answer = session.answer("w10")
+    assert answer.refusal is None and list(answer.runs) == ["speculative", "target"]
+
+
+def test_a_drafter_wrapped_in_memory_is_never_released(monkeypatch: pytest.MonkeyPatch) -> None:
+    target = tiny_llama(32, seed=4)
+    pair = ModelPair.from_models(target, perturbed_copy(target, 0.3, seed=2), tiny_tokenizer(32))
+    assert pair.drafter is not None and not pair.drafter.releasable
+    model = pair.drafter.model
+    llamacpp_played_by(perturbed_copy(target, 0.3, seed=2).eval(), monkeypatch)
+    session = new_session(pair)
+    session.warm_up()
+    assert session.answer(PROMPT).refusal is None
+    assert session.drafter_runtime().llama is not None  # llama.cpp drafts...
+    assert pair.drafter.resident and pair.drafter.model is model  # ...and the model stays
+    assert not pair.drafter.release() and pair.drafter.held is model

@@ -187,9 +187,7 @@ def test_a_pair_with_no_drafter_refuses_what_needs_one_before_loading(
     assert not session.settings.drafter_gen
 
 
-def test_models_that_cannot_load_end_the_waiting_prompt(
-    config_file: Path, tmp_path: Path
-) -> None:
+def test_models_that_cannot_load_end_the_waiting_prompt(config_file: Path, tmp_path: Path) -> None:
     """The prompt is left as soon as the loading fails, with the reason and status 1."""
     nowhere = str(tmp_path / "nowhere")
     args = cli.parse_arguments(["--config", str(config_file), "--target", nowhere])

@@ -51,7 +51,7 @@ from ..prompt_cache import PromptCache
 from ..prompting import fit_history, has_chat_template, prompt_ids
 from ..results import StepEvent
 from ..settings import Settings
-from ..widths import WidthPlan, one_token_step, tune_pair_widths
+from ..widths import WidthPlan, tune_pair_widths
 from .figures import (
     HF_ASSISTED,
     HF_ASSISTED_MATCHED,
@@ -300,9 +300,10 @@ class Benchmark:
             model_runtime=None
             if runtime is None
             else runtime.model_drafter(
+                options,
+                self.pair.target.model,
                 keep_between_prompts=keep_between_prompts,
-                window=options.window,
-                target_step_seconds=one_token_step(self.pair.target.model),
+                copy_of_target=self.pair.drafter_is_copy and self.options.use_cache,
             ),
         )
 
