@@ -583,6 +583,20 @@ def test_flags_shared_with_the_main_parser_do_not_overwrite_it() -> None:
     assert args.gamma == ("auto", 6)
 
 
+def test_the_confidence_policy_runs_with_the_threshold_asked_for(prompts_file: Path) -> None:
+    from specrepl.settings import Settings
+
+    args = _parse(
+        "--prompts", str(prompts_file), "--gamma-policy", "confidence", "--confidence", "0.7"
+    )
+    options = command._plan(args).options
+    assert options.gamma.policy == "confidence"
+    assert options.gamma.build().min_confidence == 0.7  # the REPL's flag, not the default
+    assert options.to_dict()["gamma"]["confidence"] == 0.7
+    session_policy = Settings(gamma_policy="confidence", confidence=0.7).gamma_policy_object()
+    assert options.gamma.build().min_confidence == session_policy.min_confidence
+
+
 def test_run_end_to_end(pair: ModelPair, prompts_file: Path, tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
     args = _parse(

@@ -218,7 +218,7 @@ def _plan(args: argparse.Namespace) -> _Plan:
     options = BenchOptions(
         max_new_tokens=settings.max_new_tokens,
         processor=settings.logits_processor(),
-        gamma=GammaSpec(settings.gamma_policy, settings.gamma),
+        gamma=GammaSpec(settings.gamma_policy, settings.gamma, settings.confidence),
         drafter_kind=settings.drafter_kind,
         drafter=settings.drafter_options(),
         peers=peers,

@@ -97,13 +97,16 @@ ProgressCallback = Callable[[int, int, str], None]
 
 @dataclass(frozen=True)
 class GammaSpec:
-    """A gamma policy by name with its fixed value or maximum."""
+    """A gamma policy by name with its fixed value or maximum, and the
+    confidence threshold the `confidence` policy stops below (the REPL's
+    `--confidence`; the other policies ignore it)."""
 
     policy: str
     gamma: int
+    confidence: float = Settings.confidence
 
     def build(self) -> GammaPolicy:
-        return make_policy(self.policy, self.gamma)
+        return make_policy(self.policy, self.gamma, confidence=self.confidence)
 
     def describe(self) -> str:
         return str(self.gamma) if self.policy == "fixed" else f"{self.policy}≤{self.gamma}"
@@ -158,7 +161,11 @@ class BenchOptions:
             "max_new_tokens": self.max_new_tokens,
             "processor": self.processor.describe(),
             "processor_parameters": self.processor.parameters(),
-            "gamma": {"policy": self.gamma.policy, "value": self.gamma.gamma},
+            "gamma": {
+                "policy": self.gamma.policy,
+                "value": self.gamma.gamma,
+                "confidence": self.gamma.confidence,
+            },
             "drafter_kind": self.drafter_kind,
             "drafter_options": {**asdict(self.drafter), "kind": self.drafter_kind},
             "peers": list(self.peers),
