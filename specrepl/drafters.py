@@ -1,17 +1,17 @@
 """Drafters: whatever proposes the tokens that the target then verifies.
 
-Every drafter implements the `Drafter` protocol and goes through the single
-verification loop in `generation.py`. A drafter proposes up to k tokens for the
-current sequence, with the distributions q it drew them from (or None for a
-deterministic drafter: a point mass), and is told after each step how much of
-what it saw is still valid. This module never calls the target.
+Every drafter is a `Drafter` (the interface, with what it needs declared) and
+goes through the single verification loop in `generation.py`. A drafter
+proposes up to k tokens for the current sequence, with the distributions q it
+drew them from (or None for a deterministic drafter: a point mass), and is
+told after each step how much of what it saw is still valid. This module never calls the target.
 """
 
 from __future__ import annotations
 
 import time
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, replace
-from typing import Protocol, runtime_checkable
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
@@ -49,40 +49,42 @@ class Draft:
         return int(self.tokens.shape[0])
 
 
-@runtime_checkable
-class Drafter(Protocol):
-    """The interface the speculative loop drives.
+class Drafter(ABC):
+    """The interface the speculative loop drives, with what a drafter needs
+    declared on it (the loop reads these, never probes for attributes).
 
-    `width` is the number of logits the drafter's distributions cover (None:
-    no such limit); the loop compares only that many of the target's. One
-    attribute is optional (read with a default, so drafters written before it
-    keep working): `uses_target_features` (default False), which asks the loop
-    to pass the target's final hidden states to `update` as `target_features`
-    (they cost nothing to keep, but only a drafter that reads them gets them),
-    and `uses_target_cache` (default False), which asks for the target's KV
-    cache as `target_cache` (None when the target runs without one).
+    `name` names the drafter (and its one draft source); `width` is the number
+    of logits the drafter's distributions cover (None: no such limit): the
+    loop compares only that many of the target's. A drafter declares
+    `uses_target_features` to get the target's final hidden states in
+    `update` as `target_features` (they cost nothing to keep, but only a
+    drafter that reads them gets them), and `uses_target_cache` to get the
+    target's KV cache as `target_cache` (None when the target runs without
+    one). Both default to False.
 
-    A drafter that keeps state from one generation to the next (a chat) may
-    also have `forget()`, called when a generation is interrupted or fails (its
-    state may hold half a step), and, if it reads the target's features,
-    `features_held()`: after `begin`, how many leading positions of the prompt
-    it already holds features for (the target then re-uses at most that many
-    from a kept cache, see `PromptCache`).
-
-    Every drafter here also has `offers(sequence, k)`: what it can propose
-    now, as `Offer`s (one per draft source; a hybrid has two), with the
-    context it would have to read first, so that the gamma policy can price
-    each before choosing (`drafter_offers` gives one plain offer for a drafter
-    without it). A drafter with several sources takes the chosen one as
-    `propose(..., source=NAME)`.
+    Three hooks have defaults that do nothing special: `forget()`, called
+    when a generation is interrupted or fails (a drafter that keeps state from
+    one generation to the next, a chat, drops what may hold half a step);
+    `features_held()`, for a drafter that reads the target's features: after
+    `begin`, how many leading positions of the prompt it already holds
+    features for (the target then re-uses at most that many from a kept
+    cache, see `PromptCache`; default 0); and `offers(sequence, k)`: what it
+    can propose now, as `Offer`s (one per draft source; a hybrid has two),
+    with the context it would have to read first, so that the gamma policy
+    can price each before choosing (default: one offer of k tokens). A
+    drafter with several sources takes the chosen one in `propose_source`.
     """
 
-    name: str
-    width: int | None
+    name: str = "drafter"
+    width: int | None = None
+    uses_target_features: bool = False
+    uses_target_cache: bool = False
 
+    @abstractmethod
     def begin(self, prompt: torch.Tensor, vocab_size: int) -> None:
         """Start a new generation for `prompt` (1-D token ids)."""
 
+    @abstractmethod
     def propose(
         self,
         sequence: torch.Tensor,
@@ -96,6 +98,7 @@ class Drafter(Protocol):
         A drafter with distributions stops early when its most likely next
         token has probability below `min_confidence`; others ignore it."""
 
+    @abstractmethod
     def update(
         self,
         sequence: torch.Tensor,
@@ -116,6 +119,30 @@ class Drafter(Protocol):
         position valid_length - rows + i. `target_cache`, given to a drafter
         that `uses_target_cache`, holds the target's keys and values for the
         first `valid_length` tokens (read it during the call; it changes after)."""
+
+    def offers(self, sequence: torch.Tensor, k: int) -> list[Offer]:
+        """What the drafter can propose for `sequence`, at most k tokens a source."""
+        return [Offer(self.name, k)]
+
+    def propose_source(
+        self,
+        source: str,
+        sequence: torch.Tensor,
+        k: int,
+        processor: LogitsProcessor,
+        generator: torch.Generator | None,
+        min_confidence: float = 0.0,
+    ) -> Draft:
+        """`propose`, from the chosen `source` (one of `offers`' names); a
+        drafter with one source has nothing to choose."""
+        return self.propose(sequence, k, processor, generator, min_confidence)
+
+    def forget(self) -> None:  # noqa: B027 (a hook: most drafters keep nothing to drop)
+        """Drop what a failed or interrupted generation may have left half done."""
+
+    def features_held(self) -> int:
+        """Leading prompt positions whose target features the drafter holds."""
+        return 0
 
 
 def is_copy_of(model: PreTrainedModel, target: PreTrainedModel) -> bool:
@@ -170,30 +197,7 @@ def collect_draft(
     return Draft(torch.cat(tokens).to(device), torch.stack(laws).to(device) if laws else None)
 
 
-def drafter_offers(drafter: Drafter, sequence: torch.Tensor, k: int) -> list[Offer]:
-    """What `drafter` can propose for `sequence`, at most k tokens a source."""
-    offers = getattr(drafter, "offers", None)
-    if offers is None:  # a drafter written against the protocol before offers
-        return [Offer(drafter.name, k)]
-    return offers(sequence, k)
-
-
-def propose_from(
-    drafter: Drafter,
-    source: str,
-    sequence: torch.Tensor,
-    k: int,
-    processor: LogitsProcessor,
-    generator: torch.Generator | None,
-    min_confidence: float = 0.0,
-) -> Draft:
-    """`drafter.propose`, from the chosen `source` where the drafter has several."""
-    if isinstance(drafter, HybridDrafter):
-        return drafter.propose(sequence, k, processor, generator, min_confidence, source=source)
-    return drafter.propose(sequence, k, processor, generator, min_confidence)
-
-
-class ModelDrafter:
+class ModelDrafter(Drafter):
     """A small causal LM that shares the target's tokenizer (or a cheaper copy of the target).
 
     `copy_of_target` (a copy of the target's own weights, e.g. in bfloat16,
@@ -358,7 +362,7 @@ class ModelDrafter:
         self.cache_dtype = dtype if attend_in_cache_dtype(self.model) else self.model.dtype
 
 
-class HeadDrafter:
+class HeadDrafter(Drafter):
     """A trained draft head (`draft_head.py`) that drafts from the target's features.
 
     It reads the target's final hidden state at every position the target
@@ -498,7 +502,7 @@ def as_drafter(drafter: Drafter | PreTrainedModel, *, use_cache: bool = True) ->
     )
 
 
-class NgramDrafter:
+class NgramDrafter(Drafter):
     """Counts of k-grams (k = 2..max_order) from the prompt and everything generated.
 
     Proposes, token after token, the most frequent continuation of the longest
@@ -608,7 +612,7 @@ class NgramDrafter:
                     self._count(first + row, token)
 
 
-class LookupDrafter:
+class LookupDrafter(Drafter):
     """Prompt lookup decoding: find the last n tokens earlier in the context and
     propose what followed them there (n from max_ngram down to min_ngram).
 
@@ -660,7 +664,7 @@ class LookupDrafter:
         pass
 
 
-class HybridDrafter:
+class HybridDrafter(Drafter):
     """Prompt lookup where it pays, a model (or a draft head) elsewhere.
 
     Copying from the context costs no model call and is often right when the
@@ -682,8 +686,8 @@ class HybridDrafter:
         self.lookup = LookupDrafter(lookup.max_ngram, max(min_match, lookup.min_ngram))
         self.name = "hybrid"
         self.width = model.width
-        self.uses_target_features = getattr(model, "uses_target_features", False)
-        self.uses_target_cache = getattr(model, "uses_target_cache", False)
+        self.uses_target_features = model.uses_target_features
+        self.uses_target_cache = model.uses_target_cache
         self.last_source = "none"
         self._candidate: tuple[torch.Tensor, Draft] | None = None  # lookup's, for one sequence
 
@@ -694,12 +698,10 @@ class HybridDrafter:
         self._candidate = None
 
     def features_held(self) -> int:
-        return self.model.features_held() if isinstance(self.model, HeadDrafter) else 0
+        return self.model.features_held()
 
     def forget(self) -> None:
-        forget = getattr(self.model, "forget", None)
-        if forget is not None:
-            forget()
+        self.model.forget()
 
     def _lookup(self, sequence: torch.Tensor, k: int) -> Draft:
         """Lookup's candidate for `sequence` (found once per step)."""
@@ -714,7 +716,7 @@ class HybridDrafter:
         found = [Offer("lookup", len(candidate), tokens=tuple(candidate.tokens.tolist()))]
         # the model first: lookup's candidate is scored on every step whichever is used,
         # the model's drafts only when it drafts
-        return [*drafter_offers(self.model, sequence, k), *(found if len(candidate) else [])]
+        return [*self.model.offers(sequence, k), *(found if len(candidate) else [])]
 
     def propose(
         self,
@@ -732,6 +734,17 @@ class HybridDrafter:
             return candidate
         self.last_source = "model"
         return self.model.propose(sequence, k, processor, generator, min_confidence)
+
+    def propose_source(
+        self,
+        source: str,
+        sequence: torch.Tensor,
+        k: int,
+        processor: LogitsProcessor,
+        generator: torch.Generator | None,
+        min_confidence: float = 0.0,
+    ) -> Draft:
+        return self.propose(sequence, k, processor, generator, min_confidence, source=source)
 
     def update(
         self,

@@ -28,7 +28,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 from .devices import synchronize
-from .drafters import Draft, Drafter, as_drafter, drafter_offers, propose_from
+from .drafters import Draft, Drafter, as_drafter
 from .forward import context_length, forward_pass, logits_width, model_device
 from .gamma import Choice, FixedGamma, GammaPolicy
 from .kv_cache import cached_length, new_cache, rollback_to
@@ -153,9 +153,8 @@ def _run_loop(
         )  # fmt: skip
         stop, sequence = yield from steps
     except BaseException:  # interrupted or failed: what the caches hold may be half a step
-        forget = getattr(drafter, "forget", None)
-        if forget is not None:
-            forget()
+        if drafter is not None:
+            drafter.forget()
         raise
     if prompt_cache is not None and cache is not None:
         prompt_cache.keep(target, cache, sequence)
@@ -179,9 +178,8 @@ def _target_cache(
     if prompt_cache is None:
         return new_cache(target), 0
     at_most = None
-    if getattr(drafter, "uses_target_features", False):
-        held = getattr(drafter, "features_held", None)
-        at_most = 0 if held is None else held()
+    if drafter is not None and drafter.uses_target_features:
+        at_most = drafter.features_held()
     return prompt_cache.take(target, inputs, at_most)
 
 
@@ -201,8 +199,8 @@ def _steps(
 ) -> Generator[StepEvent, None, tuple[StopReason | None, torch.Tensor]]:
     """Draft, verify, keep, until `limit` new tokens or an end token; returns the
     end token's stop reason (None at the limit) and the final sequence."""
-    wants_features = bool(getattr(drafter, "uses_target_features", False))
-    wants_cache = bool(getattr(drafter, "uses_target_cache", False))
+    wants_features = drafter is not None and drafter.uses_target_features
+    wants_cache = drafter is not None and drafter.uses_target_cache
     policy.start()
     _prime(policy, target)
     generated = 0
@@ -276,7 +274,7 @@ def _choose(
     room = min(policy.max_gamma, budget - 1)
     if drafter is None or room <= 0:
         return Choice("", 0, "no drafter" if drafter is None else BUDGET_END)
-    choice = policy.choose(drafter_offers(drafter, sequence, room), budget)
+    choice = policy.choose(drafter.offers(sequence, room), budget)
     return replace(choice, gamma=min(choice.gamma, room))
 
 
@@ -290,8 +288,8 @@ def _draft(
 ) -> Draft:
     if drafter is None or choice.gamma <= 0:
         return Draft(sequence.new_empty(0), None)
-    return propose_from(
-        drafter, choice.source, sequence, choice.gamma, processor, generator, policy.min_confidence
+    return drafter.propose_source(
+        choice.source, sequence, choice.gamma, processor, generator, policy.min_confidence
     )
 
 

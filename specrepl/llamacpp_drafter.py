@@ -38,7 +38,7 @@ import torch
 from transformers import PreTrainedModel
 
 from .drafter_options import DRAFTER_RUNTIMES, DrafterOptions
-from .drafters import Draft, collect_draft, next_draft
+from .drafters import Draft, Drafter, collect_draft, next_draft
 from .kv_cache import cached_length
 from .llamacpp import LlamaCppUnavailable, import_llamacpp, open_gguf
 from .llamacpp_kv import KvImporter, probe_importer
@@ -148,7 +148,7 @@ class DraftView:
         self.tokens.extend(tokens)
 
 
-class LlamaCppDrafter:
+class LlamaCppDrafter(Drafter):
     """Drafts with a `llama_cpp.Llama` holding the drafter model's GGUF file.
 
     Each `propose` brings llama.cpp's state to the sequence (keeping what it

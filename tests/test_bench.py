@@ -316,7 +316,7 @@ def test_benchmark_greedy_with_peers_and_sweep(pair: ModelPair, prompts_file: Pa
     assert payload["schema"] == "specrepl-bench/1"
     assert payload["machine"]["torch_threads"] >= 1 and payload["machine"]["cpu"]
     assert set(payload["versions"]) == {"specrepl", "torch", "transformers"}
-    assert payload["config"]["gamma"] == {"policy": "fixed", "value": 3}
+    assert payload["config"]["gamma"] == {"policy": "fixed", "value": 3, "confidence": 0.4}
     plan = payload["config"]["width_plans"]["target"]  # widths 1 to the largest gamma + 1
     assert sorted(plan["ms_per_width"]) == ["1", "2", "3", "4"]
     assert [point["gamma"] for point in payload["gamma_sweep"]] == [1, 2]

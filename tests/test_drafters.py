@@ -20,7 +20,6 @@ from specrepl.drafters import (
     NgramDrafter,
     build_drafter,
     is_copy_of,
-    propose_from,
 )
 from specrepl.forward import forward_logits
 from specrepl.gamma import AutoGamma, HeuristicGamma, expected_tokens, make_policy
@@ -265,7 +264,9 @@ def _hybrid_steps(hybrid: HybridDrafter, policy, sequence, lookup_right: bool, s
     choices = []
     for _ in range(steps):
         choice = policy.choose(hybrid.offers(sequence, 3), budget=100)
-        draft = propose_from(hybrid, choice.source, sequence, choice.gamma, GreedyProcessor(), None)
+        draft = hybrid.propose_source(
+            choice.source, sequence, choice.gamma, GreedyProcessor(), None
+        )
         drafts = draft.tokens.tolist()
         accepted = len(drafts)
         if choice.source == "lookup":
@@ -514,3 +515,77 @@ def test_attention_in_the_cache_dtype_is_sdpa_in_that_dtype(target) -> None:
     assert torch.equal(upcast, in_float32.bfloat16())
     costs = copy_attention.measure_attention(_bf16_copy(target), torch.float32, repeats=2)
     assert set(costs) == {torch.bfloat16, torch.float32} and min(costs.values()) > 0
+
+
+# -- the interface: what a drafter needs is declared on it ---------------------
+
+
+class RecordingDrafter(drafters.Drafter):
+    """Drafts the last token again, recording what `update` was given."""
+
+    name = "recording"
+
+    def __init__(self, *, features: bool = False, cache: bool = False) -> None:
+        self.uses_target_features = features
+        self.uses_target_cache = cache
+        self.given: list[tuple[bool, bool]] = []
+
+    def begin(self, prompt, vocab_size) -> None:
+        pass
+
+    def propose(self, sequence, k, processor, generator, min_confidence=0.0):
+        return drafters.Draft(sequence[-1:].repeat(k), None)
+
+    def update(
+        self, sequence, valid_length, target_logits=None, target_features=None, target_cache=None
+    ) -> None:
+        self.given.append((target_features is not None, target_cache is not None))
+
+
+@pytest.mark.parametrize(("features", "cache"), [(False, False), (True, False), (False, True)])
+def test_the_loop_gives_a_drafter_what_it_declares_and_nothing_else(
+    target, references, features, cache
+) -> None:
+    drafter = RecordingDrafter(features=features, cache=cache)
+    result = speculative_generate(PROMPTS[0], drafter, target, gamma=3, max_gen_len=12)
+    assert result.token_ids == references[tuple(PROMPTS[0])][:12]
+    assert drafter.given and set(drafter.given) == {(features, cache)}
+
+
+def test_every_drafter_kind_declares_its_needs(target) -> None:
+    copy = copy_module.deepcopy(target).to(torch.bfloat16)
+    head = tiny_head(target)
+    built = {
+        kind: build_drafter(
+            DrafterOptions(kind=kind), copy, head=head, copy_of_target=kind == "model"
+        )
+        for kind in ("model", "ngram", "lookup", "hybrid", "head")
+    }
+    assert all(isinstance(drafter, drafters.Drafter) for drafter in built.values())
+    declared = {
+        kind: (drafter.uses_target_features, drafter.uses_target_cache)
+        for kind, drafter in built.items()
+    }
+    assert declared == {
+        "model": (False, True),  # a copy of the target takes its keys and values
+        "ngram": (False, False),
+        "lookup": (False, False),
+        "hybrid": (False, False),  # its model here is not declared a copy
+        "head": (True, False),
+    }
+    # the hooks every drafter has, with defaults for a drafter that keeps nothing
+    plain = RecordingDrafter()
+    assert plain.offers(torch.tensor([1, 2, 1]), 4) == [Offer("recording", 4)]
+    assert plain.features_held() == 0 and plain.forget() is None
+
+
+def test_a_drafter_missing_part_of_the_interface_cannot_be_made() -> None:
+    class NoUpdate(drafters.Drafter):
+        def begin(self, prompt, vocab_size) -> None:
+            pass
+
+        def propose(self, sequence, k, processor, generator, min_confidence=0.0):
+            return drafters.Draft(sequence[-1:], None)
+
+    with pytest.raises(TypeError, match="update"):
+        NoUpdate()

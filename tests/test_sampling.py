@@ -18,6 +18,7 @@ import specrepl.verification as verification
 from specrepl.draft_head import DraftHead
 from specrepl.drafters import (
     Draft,
+    Drafter,
     HeadDrafter,
     HybridDrafter,
     LookupDrafter,
@@ -52,7 +53,7 @@ def drafter(target: torch.nn.Module) -> torch.nn.Module:
     return perturbed_copy(target, 0.3, seed=1)  # accepts about half of its drafts
 
 
-class RepeatLastDrafter:
+class RepeatLastDrafter(Drafter):
     """A deterministic drafter (point-mass q): proposes the last token again."""
 
     name = "repeat"

@@ -339,9 +339,7 @@ class Benchmark:
                 self._kept.caches[method.name] = PromptCache()
             if method.speculative:
                 drafter = self._build_drafter(keep_between_prompts=keep)
-                forget = getattr(drafter, "forget", None)
-                if forget is not None:  # a llama.cpp drafter's state is shared: the warm-up's
-                    forget()
+                drafter.forget()  # a llama.cpp drafter's state is shared: the warm-up's
                 self._kept.drafters[method.name] = drafter
                 self._kept.policies[method.name] = self._policy(method)
 
