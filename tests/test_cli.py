@@ -444,8 +444,9 @@ def test_bench_flags_mean_the_same_before_and_after_the_subcommand(
     flags = [
         "--config", str(tiny_config_file), "--target", str(other_target),
         "--drafter", str(other_drafter), "--drafter-kind", "hybrid",
-        "--gamma", "2", "--gamma-policy", "heuristic", "--max-new-tokens", "5",
-        "--processor", "topk", "--top-k", "3", "--seed", "11", "--no-cache",
+        "--gamma", "2", "--gamma-policy", "heuristic", "--confidence", "0.6",
+        "--max-new-tokens", "5", "--processor", "topk", "--top-k", "3", "--seed", "11",
+        "--no-cache",
     ]  # fmt: skip
     own = ["--prompts", str(prompts), "--warmup", "0", "--widths", "off",
            "--json", str(tmp_path / "run.json")]  # fmt: skip
@@ -460,7 +461,7 @@ def test_bench_flags_mean_the_same_before_and_after_the_subcommand(
     assert config["target"]["name"] == str(other_target)
     assert config["drafter"]["name"] == str(other_drafter)
     assert config["drafter_kind"] == "hybrid"
-    assert config["gamma"] == {"policy": "heuristic", "value": 2}
+    assert config["gamma"] == {"policy": "heuristic", "value": 2, "confidence": 0.6}
     assert config["max_new_tokens"] == (9 if where == "before" else 5)
     assert config["processor"] == "topk(temperature=1.0, top_k=3)"
     assert config["seed"] == 11 and config["use_cache"] is False
