@@ -23,10 +23,14 @@ cheaper; "torch" and "llamacpp" force one."""
 
 @dataclass(frozen=True)
 class DrafterOptions:
-    """Everything that says which drafter to build (see `drafters.build_drafter`)."""
+    """Everything that says which drafter to build (see `drafters.build_drafter`).
+
+    The defaults here are the only ones: the settings of the same names
+    (`Settings.ngram_order` and the rest) and the drafters' own constructors
+    take theirs from this class."""
 
     kind: str = "model"
-    order: int = 4
+    order: int = 3
     """The longest n-gram the n-gram drafter counts."""
     keep: bool = False
     """The n-gram drafter keeps its counts from one prompt to the next."""

@@ -516,7 +516,11 @@ class NgramDrafter(Drafter):
     """
 
     def __init__(
-        self, max_order: int = 4, *, keep_between_prompts: bool = False, top_k_filler: int = 1
+        self,
+        max_order: int = DrafterOptions.order,
+        *,
+        keep_between_prompts: bool = DrafterOptions.keep,
+        top_k_filler: int = DrafterOptions.filler,
     ) -> None:
         if max_order < 2:
             raise ValueError(f"max_order must be >= 2, got {max_order}")
@@ -619,7 +623,7 @@ class LookupDrafter(Drafter):
     Deterministic (a point-mass q); costs no model call.
     """
 
-    def __init__(self, max_ngram: int = 3, min_ngram: int = 1) -> None:
+    def __init__(self, max_ngram: int = DrafterOptions.max_ngram, min_ngram: int = 1) -> None:
         if not 1 <= min_ngram <= max_ngram:
             raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
         self.name = "lookup"
@@ -681,7 +685,9 @@ class HybridDrafter(Drafter):
     is one.
     """
 
-    def __init__(self, model: Drafter, lookup: LookupDrafter, *, min_match: int = 2) -> None:
+    def __init__(
+        self, model: Drafter, lookup: LookupDrafter, *, min_match: int = DrafterOptions.min_match
+    ) -> None:
         self.model = model
         self.lookup = LookupDrafter(lookup.max_ngram, max(min_match, lookup.min_ngram))
         self.name = "hybrid"

@@ -178,52 +178,52 @@ class Settings:
         0.4, Bound(float, 0, 0.99), "the confidence policy's stop threshold for the model drafter"
     )
     drafter_kind: str = _setting(
-        "model",
+        DrafterOptions.kind,
         Bound(str, choices=DRAFTER_KINDS),
         "what drafts: a model, n-grams, prompt lookup, a trained draft head, or hybrid"
         " (lookup, else the head or model)",
         drafter="kind",
     )
     ngram_order: int = _setting(
-        3,
+        DrafterOptions.order,
         Bound(int, 2, NGRAM_ORDER_MAX),
         "longest n-gram the n-gram drafter counts",
         drafter="order",
     )
     ngram_keep: bool = _setting(
-        False,
+        DrafterOptions.keep,
         Bound(bool),
         "keep the n-gram counts from one prompt to the next",
         drafter="keep",
         old_drafter_keys=("keep_between_prompts",),
     )
     ngram_filler: int = _setting(
-        1,
+        DrafterOptions.filler,
         Bound(int, 1, FILLER_MAX),
         "n-gram drafter also counts the target's top k (1: off)",
         drafter="filler",
         old_drafter_keys=("top_k_filler",),
     )
     lookup_max_ngram: int = _setting(
-        3,
+        DrafterOptions.max_ngram,
         Bound(int, 1, NGRAM_ORDER_MAX),
         "longest suffix prompt lookup searches for",
         drafter="max_ngram",
     )
     drafter_window: int = _setting(
-        0,
+        DrafterOptions.window,
         Bound(int, 0, MAX_NEW_TOKENS_MAX),
         "model drafter reads the last N prompt tokens (0: all)",
         drafter="window",
     )
     drafter_head: str | None = _setting(
-        None,
+        DrafterOptions.head,
         Bound(str, optional=True),
         "draft head for the head and hybrid drafters: a directory, or embedded (none: no head)",
         drafter="head",
     )
     drafter_runtime: str = _setting(
-        "auto",
+        DrafterOptions.runtime,
         Bound(str, choices=DRAFTER_RUNTIMES),
         "what runs the drafter model: torch, llamacpp (its GGUF file), or auto (the cheaper)",
         drafter="runtime",

@@ -589,3 +589,11 @@ def test_a_drafter_missing_part_of_the_interface_cannot_be_made() -> None:
 
     with pytest.raises(TypeError, match="update"):
         NoUpdate()
+
+
+def test_every_drafter_option_has_one_default() -> None:
+    from specrepl.settings import Settings
+
+    assert Settings().drafter_options() == DrafterOptions()  # the REPL's defaults are the library's
+    assert NgramDrafter().max_order == DrafterOptions().order
+    assert LookupDrafter().max_ngram == DrafterOptions().max_ngram
