@@ -3,8 +3,11 @@ repeatable; negative controls show that a leak and carried-over state are caught
 
 from __future__ import annotations
 
+import json
 import mmap
 import os
+import subprocess
+import sys
 from typing import Any
 
 import pytest
@@ -25,26 +28,51 @@ TINY_PROMPTS = ("w7 w8 w9", "w10 w11", "w12 w13 w14 w15", "w20", "w9 w9 w9 w21 w
 MAX_GROWTH = 4 * MIB
 
 
-def test_a_long_session_stays_flat_and_repeatable(pair: ModelPair) -> None:
-    session = ChatSession(pair, Settings(max_new_tokens=8))
-    before = session.settings
-    result = soak(session, 200, texts=TINY_PROMPTS)
-    assert result.prompts == 200 and not result.interrupted
-    assert result.mismatches == []
-    assert result.refusals == 0
-    assert result.resets == 49  # before prompts 4, 8, ..., 196
+SOAK_IN_A_FRESH_PROCESS = """
+import json, sys
+import torch
+torch.set_num_threads(1)
+from specrepl.models import ModelPair
+from specrepl.session import ChatSession
+from specrepl.settings import Settings
+from specrepl.soak import soak
+from specrepl.testing import perturbed_copy, tiny_llama, tiny_tokenizer
+target = tiny_llama(32, seed=4)
+pair = ModelPair.from_models(target, perturbed_copy(target, 0.3, seed=2), tiny_tokenizer(32))
+session = ChatSession(pair, Settings(max_new_tokens=8))
+before = session.settings
+result = soak(session, 200, texts=json.loads(sys.argv[1]))
+print(json.dumps({**result.to_dict(), "settings_kept": session.settings == before}))
+"""
+
+
+def test_a_long_session_stays_flat_and_repeatable() -> None:
+    # in a process of its own, as `python infer.py soak` runs: in the test process the
+    # heap that earlier tests left behind can grow by one step of a few MiB mid-soak
+    # (seen once: 4.3 MiB at prompt 197, flat before and after), which is no leak
+    completed = subprocess.run(
+        [sys.executable, "-c", SOAK_IN_A_FRESH_PROCESS, json.dumps(TINY_PROMPTS)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
+    assert completed.returncode == 0, completed.stderr[-2000:]
+    result = json.loads(completed.stdout.strip().splitlines()[-1])
+    assert result["prompts"] == 200 and not result["interrupted"]
+    assert result["mismatches"] == []
+    assert result["refusals"] == 0
+    assert result["resets"] == 49  # before prompts 4, 8, ..., 196
+    before = Settings(max_new_tokens=8)
     non_repeatable = sum(not repeatable(before.updated(**variant)) for variant in VARIANTS)
     assert non_repeatable == 1  # sampling with auto gamma and kept n-gram counts
-    assert result.skipped == 200 // len(VARIANTS) * non_repeatable
-    assert result.compared == 200 - result.skipped
-    assert result.warmup == 2 * len(VARIANTS)
-    assert len(result.rss_samples) == 200 and result.rss_after_warmup is not None
-    assert result.growth is not None and result.growth < MAX_GROWTH
-    assert result.max_growth is not None and result.max_growth < MAX_GROWTH
-    assert session.settings == before
-    assert result.ok
-    record = result.to_dict()
-    assert record["growth"] == result.growth and record["mismatches"] == []
+    assert result["skipped"] == 200 // len(VARIANTS) * non_repeatable
+    assert result["compared"] == 200 - result["skipped"]
+    assert result["warmup"] == 2 * len(VARIANTS)
+    assert len(result["rss_samples"]) == 200 and result["rss_after_warmup"] is not None
+    assert result["growth"] is not None and result["growth"] < MAX_GROWTH
+    assert result["max_growth"] is not None and result["max_growth"] < MAX_GROWTH
+    assert result["settings_kept"]
 
 
 def test_a_leak_is_seen(pair: ModelPair) -> None:
