@@ -629,8 +629,12 @@ def test_sigterm_ends_the_piped_repl(models_dir: Path) -> None:
         child.stdin.flush()
         assert out.wait_for("baseline")  # the answer's summary: now it waits for a line
         child.send_signal(signal.SIGTERM)
-        assert child.wait(timeout=60) == 143
+        deadline = time.monotonic() + 60
+        while child.poll() is None and time.monotonic() < deadline:
+            out.read(0.05)  # both pipes kept empty: a child blocked on writing cannot exit
+            err.read(0.05)
         stdout, stderr = out.drain(), err.drain()
+        assert child.poll() == 143, f"still running 60 s after SIGTERM:\n{stdout}\n{stderr}"
     finally:
         child.kill()
         child.communicate()
