@@ -1,6 +1,6 @@
 """Entry point: `python infer.py` starts the specrepl REPL (see specrepl/cli.py)."""
 
-from specrepl.launcher import main
+from specrepl.app.launcher import main
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -17,14 +17,14 @@ import argparse
 import json
 from pathlib import Path
 
-from specrepl.config import ModelSpec
-from specrepl.drafter_options import DrafterOptions
-from specrepl.drafters import build_drafter
-from specrepl.gamma import AutoGamma
-from specrepl.generation import speculative_generate
-from specrepl.models import load_pair
-from specrepl.results import StepEvent
-from specrepl.widths import cpu_model, tune_pair_widths
+from specrepl.chat.config import ModelSpec
+from specrepl.engine.drafters.kinds import build_drafter
+from specrepl.engine.drafters.options import DrafterOptions
+from specrepl.engine.gamma import AutoGamma
+from specrepl.engine.generation import speculative_generate
+from specrepl.engine.results import StepEvent
+from specrepl.engine.widths import cpu_model, tune_pair_widths
+from specrepl.models.pair import load_pair
 
 PROMPTS = Path(__file__).resolve().parent.parent / "benchmarks" / "spec_bench.jsonl"
 

@@ -26,9 +26,9 @@ import statistics
 import sys
 from pathlib import Path
 
-from specrepl.answers import RunStep
-from specrepl.flags import add_model_options, add_setting_options, app_config
-from specrepl.startup import open_session
+from specrepl.app.startup import open_session
+from specrepl.chat.answers import RunStep
+from specrepl.chat.flags import add_model_options, add_setting_options, app_config
 
 
 def cpu_name() -> str:

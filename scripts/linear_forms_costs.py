@@ -13,10 +13,10 @@ from __future__ import annotations
 import argparse
 import statistics
 
-from specrepl.config import ModelSpec
-from specrepl.linear_forms import allow_forms
-from specrepl.models import load_pair
-from specrepl.widths import cpu_model, measure_width_samples
+from specrepl.chat.config import ModelSpec
+from specrepl.engine.linear_forms import allow_forms
+from specrepl.engine.widths import cpu_model, measure_width_samples
+from specrepl.models.pair import load_pair
 
 
 def main() -> int:

@@ -18,8 +18,8 @@ from pathlib import Path
 
 from chat_turns import cpu_name
 
-from specrepl.flags import add_model_options, add_setting_options, app_config
-from specrepl.startup import open_session
+from specrepl.app.startup import open_session
+from specrepl.chat.flags import add_model_options, add_setting_options, app_config
 
 
 def resident_mib() -> float:

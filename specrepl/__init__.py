@@ -14,9 +14,10 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .draft_head import DraftHead, load_head, resolve_head
-    from .drafters import Drafter, HeadDrafter, ModelDrafter, is_copy_of
-    from .generation import (
+    from specrepl.chat.settings import Settings
+    from specrepl.engine.drafters.draft_head import DraftHead, load_head, resolve_head
+    from specrepl.engine.drafters.kinds import Drafter, HeadDrafter, ModelDrafter, is_copy_of
+    from specrepl.engine.generation import (
         ContextTooLongError,
         GenerationInterrupted,
         autoregressive_generate,
@@ -24,8 +25,7 @@ if TYPE_CHECKING:
         stream_autoregressive,
         stream_speculative,
     )
-    from .models import ModelPair, load_pair
-    from .processors import (
+    from specrepl.engine.processors import (
         GreedyProcessor,
         LogitsProcessor,
         MultinomialProcessor,
@@ -34,16 +34,16 @@ if TYPE_CHECKING:
         TopKProcessor,
         make_processor,
     )
-    from .prompt_cache import PromptCache
-    from .results import GenerationResult, StepEvent
-    from .settings import Settings
+    from specrepl.engine.prompt_cache import PromptCache
+    from specrepl.engine.results import GenerationResult, StepEvent
+    from specrepl.models.pair import ModelPair, load_pair
 
 __version__ = "0.1.0"
 
 _HOMES = {
-    "draft_head": ("DraftHead", "load_head", "resolve_head"),
-    "drafters": ("Drafter", "HeadDrafter", "ModelDrafter", "is_copy_of"),
-    "generation": (
+    "engine.drafters.draft_head": ("DraftHead", "load_head", "resolve_head"),
+    "engine.drafters.kinds": ("Drafter", "HeadDrafter", "ModelDrafter", "is_copy_of"),
+    "engine.generation": (
         "ContextTooLongError",
         "GenerationInterrupted",
         "autoregressive_generate",
@@ -51,8 +51,8 @@ _HOMES = {
         "stream_autoregressive",
         "stream_speculative",
     ),
-    "models": ("ModelPair", "load_pair"),
-    "processors": (
+    "models.pair": ("ModelPair", "load_pair"),
+    "engine.processors": (
         "GreedyProcessor",
         "LogitsProcessor",
         "MultinomialProcessor",
@@ -61,9 +61,9 @@ _HOMES = {
         "TopKProcessor",
         "make_processor",
     ),
-    "prompt_cache": ("PromptCache",),
-    "results": ("GenerationResult", "StepEvent"),
-    "settings": ("Settings",),
+    "engine.prompt_cache": ("PromptCache",),
+    "engine.results": ("GenerationResult", "StepEvent"),
+    "chat.settings": ("Settings",),
 }
 _MODULE_OF = {name: module for module, names in _HOMES.items() for name in names}
 

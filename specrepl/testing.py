@@ -130,8 +130,8 @@ def tiny_head(
     import tempfile
     from pathlib import Path
 
-    from .distill_data import batched_generate, target_features
-    from .distill_train import TrainSettings, train_head
+    from specrepl.train.data import batched_generate, target_features
+    from specrepl.train.training import TrainSettings, train_head
 
     vocab = target.config.vocab_size
     generator = torch.Generator().manual_seed(seed)

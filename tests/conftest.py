@@ -35,7 +35,7 @@ def embedded_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
 def pair():
     """A tiny seeded pair (vocabulary 32) whose drafter agrees with the target
     often but not always, with a word-level chat tokenizer."""
-    from specrepl.models import ModelPair
+    from specrepl.models.pair import ModelPair
     from specrepl.testing import perturbed_copy, tiny_llama, tiny_tokenizer
 
     target = tiny_llama(32, seed=4)
@@ -45,8 +45,8 @@ def pair():
 @pytest.fixture(scope="session")
 def embedded_pair(embedded_cache_dir: str):
     """The embedded SmolLM2-135M pair (fp32 target, bf16 drafter), loaded once."""
-    from specrepl.config import ModelSpec
-    from specrepl.models import load_pair
+    from specrepl.chat.config import ModelSpec
+    from specrepl.models.pair import load_pair
 
     return load_pair("embedded", ModelSpec("embedded", dtype="bfloat16"))
 
@@ -77,7 +77,7 @@ def tiny_config_file(tmp_path_factory: pytest.TempPathFactory):
 def every_setting_changed():
     """Settings with every field away from its default: the flag, config and REPL
     tests set them all, so a setting that one of them cannot reach fails there."""
-    from specrepl.settings import Settings
+    from specrepl.chat.settings import Settings
 
     changed = Settings(
         gamma=6,
@@ -119,8 +119,8 @@ def llama():
     SPECREPL_REQUIRE_LLAMACPP=1, as CI sets)."""
     import importlib.util
 
-    from specrepl.llamacpp import open_gguf
-    from specrepl.models import embedded_gguf_path
+    from specrepl.engine.llamacpp import open_gguf
+    from specrepl.models.pair import embedded_gguf_path
 
     if importlib.util.find_spec("llama_cpp") is None:
         if os.environ.get("SPECREPL_REQUIRE_LLAMACPP") == "1":

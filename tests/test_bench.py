@@ -12,10 +12,14 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from specrepl.bench import command, tables
-from specrepl.bench import prompts as bench_prompts
-from specrepl.bench.command import parse_sweep
-from specrepl.bench.figures import (
+from specrepl.engine.gamma import expected_tokens
+from specrepl.engine.output_match import compare_outputs
+from specrepl.engine.processors import MultinomialProcessor
+from specrepl.engine.results import StepEvent
+from specrepl.measure.bench import command, tables
+from specrepl.measure.bench import prompts as bench_prompts
+from specrepl.measure.bench.command import parse_sweep
+from specrepl.measure.bench.figures import (
     Method,
     MethodRun,
     PromptRecord,
@@ -24,15 +28,11 @@ from specrepl.bench.figures import (
     summarize,
     summarize_turns,
 )
-from specrepl.bench.markdown import run_markdown
-from specrepl.bench.prompts import BenchError, BenchPrompt, conversations, load_prompts
-from specrepl.bench.report import BenchReport
-from specrepl.bench.runner import Benchmark, BenchOptions, GammaSpec
-from specrepl.gamma import expected_tokens
-from specrepl.models import ModelPair
-from specrepl.output_match import compare_outputs
-from specrepl.processors import MultinomialProcessor
-from specrepl.results import StepEvent
+from specrepl.measure.bench.markdown import run_markdown
+from specrepl.measure.bench.prompts import BenchError, BenchPrompt, conversations, load_prompts
+from specrepl.measure.bench.report import BenchReport
+from specrepl.measure.bench.runner import Benchmark, BenchOptions, GammaSpec
+from specrepl.models.pair import ModelPair
 from specrepl.testing import perturbed_copy, tiny_llama, tiny_tokenizer
 
 QUESTIONS = [
@@ -138,7 +138,7 @@ def test_default_prompts_ship_with_the_repository(tmp_path: Path) -> None:
 
 def test_gamma_flag_values() -> None:
     """`--gamma` (before or after `bench`) takes what `/gamma` takes."""
-    from specrepl.flags import gamma_choice
+    from specrepl.chat.flags import gamma_choice
 
     assert gamma_choice("6") == ("fixed", 6)
     assert gamma_choice("auto") == ("auto", None)
@@ -575,7 +575,7 @@ def _parse(*argv: str) -> argparse.Namespace:
 
 
 def test_flags_shared_with_the_main_parser_do_not_overwrite_it() -> None:
-    from specrepl import cli
+    from specrepl.app import cli
 
     args = cli.parse_arguments(["--gamma", "5", "bench", "--json", "out.json"])
     assert args.gamma == ("fixed", 5) and args.json_out == "out.json"
@@ -584,7 +584,7 @@ def test_flags_shared_with_the_main_parser_do_not_overwrite_it() -> None:
 
 
 def test_the_confidence_policy_runs_with_the_threshold_asked_for(prompts_file: Path) -> None:
-    from specrepl.settings import Settings
+    from specrepl.chat.settings import Settings
 
     args = _parse(
         "--prompts", str(prompts_file), "--gamma-policy", "confidence", "--confidence", "0.7"

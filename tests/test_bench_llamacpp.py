@@ -12,21 +12,21 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-import specrepl.llamacpp_drafter as llamacpp_drafter
-from specrepl.bench import llamacpp, tables
-from specrepl.bench.llamacpp import LlamaCppUnavailable, open_llamacpp, sampling_options
-from specrepl.bench.markdown import LLAMACPP_NOTE, run_markdown
-from specrepl.bench.prompts import BenchError, BenchPrompt
-from specrepl.bench.report import BenchReport
-from specrepl.bench.runner import Benchmark, BenchOptions, GammaSpec
-from specrepl.drafter_options import DrafterOptions
-from specrepl.drafters import HybridDrafter
-from specrepl.llamacpp_drafter import LlamaCppDrafter
-from specrepl.models import ModelPair, embedded_gguf_path
-from specrepl.processors import GreedyProcessor, NucleusProcessor, TopKProcessor
-from specrepl.session import ChatSession
-from specrepl.settings import Settings
-from specrepl.widths import WidthPlan, clear_width_plan, set_width_plan
+import specrepl.engine.drafters.llamacpp as llamacpp_drafter
+from specrepl.chat.session import ChatSession
+from specrepl.chat.settings import Settings
+from specrepl.engine.drafters.kinds import HybridDrafter
+from specrepl.engine.drafters.llamacpp import LlamaCppDrafter
+from specrepl.engine.drafters.options import DrafterOptions
+from specrepl.engine.processors import GreedyProcessor, NucleusProcessor, TopKProcessor
+from specrepl.engine.widths import WidthPlan, clear_width_plan, set_width_plan
+from specrepl.measure.bench import llamacpp, tables
+from specrepl.measure.bench.llamacpp import LlamaCppUnavailable, open_llamacpp, sampling_options
+from specrepl.measure.bench.markdown import LLAMACPP_NOTE, run_markdown
+from specrepl.measure.bench.prompts import BenchError, BenchPrompt
+from specrepl.measure.bench.report import BenchReport
+from specrepl.measure.bench.runner import Benchmark, BenchOptions, GammaSpec
+from specrepl.models.pair import ModelPair, embedded_gguf_path
 
 HAS_LLAMA_CPP = importlib.util.find_spec("llama_cpp") is not None
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from specrepl import cli
-from specrepl.bench.markdown import compare_markdown, load_run, markdown_table, run_markdown
+from specrepl.app import cli
+from specrepl.measure.bench.markdown import compare_markdown, load_run, markdown_table, run_markdown
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPTS = (

@@ -8,11 +8,11 @@ from typing import Any
 
 import pytest
 
-from specrepl.answers import Answer
-from specrepl.commands import REGISTRY
-from specrepl.models import ModelPair
-from specrepl.session import ChatSession
-from specrepl.settings import Settings
+from specrepl.app.commands import REGISTRY
+from specrepl.chat.answers import Answer
+from specrepl.chat.session import ChatSession
+from specrepl.chat.settings import Settings
+from specrepl.models.pair import ModelPair
 from specrepl.testing import interrupt_on_call
 
 USER_TURNS = [
@@ -127,7 +127,7 @@ def test_config_and_the_summary_show_what_the_caches_kept(pair: ModelPair) -> No
 
     from rich.console import Console
 
-    from specrepl.render import Renderer
+    from specrepl.app.render import Renderer
 
     session = ChatSession(pair, Settings(max_new_tokens=6))
     console = Console(file=io.StringIO(), width=160, record=True)

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from specrepl import cli
-from specrepl.flags import SETTING_FLAGS
-from specrepl.settings import Settings
+from specrepl.app import cli
+from specrepl.chat.flags import SETTING_FLAGS
+from specrepl.chat.settings import Settings
 from specrepl.testing import tiny_llama, tiny_tokenizer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -401,7 +401,7 @@ def test_the_launcher_starts_before_torch_and_the_package_names_load_on_use() ->
     assert set(specrepl.__all__) == set(specrepl._MODULE_OF)
     for name in specrepl.__all__:
         assert getattr(specrepl, name) is not None
-    probe = "import sys, specrepl.launcher; print('torch' in sys.modules)"
+    probe = "import sys, specrepl.app.launcher; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"  # Ctrl-C during `import torch` is the launcher's
 

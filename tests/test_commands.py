@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from specrepl.commands import (
+from specrepl.app.commands import (
     REGISTRY,
     Argument,
     ClearScreen,
@@ -22,11 +22,11 @@ from specrepl.commands import (
     ShowModels,
     ShowSettings,
 )
-from specrepl.models import ModelPair
-from specrepl.processors import PROCESSORS
-from specrepl.render import Renderer
-from specrepl.session import ChatSession
-from specrepl.settings import DRAFTER_KINDS, DRAFTER_SETTINGS, GAMMA_MAX, Settings
+from specrepl.app.render import Renderer
+from specrepl.chat.session import ChatSession
+from specrepl.chat.settings import DRAFTER_KINDS, DRAFTER_SETTINGS, GAMMA_MAX, Settings
+from specrepl.engine.processors import PROCESSORS
+from specrepl.models.pair import ModelPair
 
 
 @pytest.fixture
@@ -391,8 +391,8 @@ def test_lines_that_are_commands() -> None:
 
 
 def test_widths_shows_each_models_plan_and_retime_measures_again(session: ChatSession) -> None:
-    from specrepl.commands import ShowWidths
-    from specrepl.widths import clear_width_plan
+    from specrepl.app.commands import ShowWidths
+    from specrepl.engine.widths import clear_width_plan
 
     clear_width_plan(session.pair.target.model)
     shown = REGISTRY.dispatch(session, "/widths")

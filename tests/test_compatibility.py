@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from specrepl.compatibility import IncompatibleTokenizersError, check_compatibility
+from specrepl.models.compatibility import IncompatibleTokenizersError, check_compatibility
 from specrepl.testing import tiny_tokenizer
 
 

@@ -10,16 +10,16 @@ from typing import Any
 
 import pytest
 
-from specrepl.config import (
+from specrepl.chat.config import (
     ConfigError,
     ModelSpec,
     default_config_path,
     load_config,
 )
-from specrepl.drafter_options import DrafterOptions
-from specrepl.settings import DRAFTER_SETTINGS, SETTING_NAMES, Settings
+from specrepl.chat.settings import DRAFTER_SETTINGS, SETTING_NAMES, Settings
+from specrepl.engine.drafters.options import DrafterOptions
 
-CONFIGS = default_config_path().parent
+CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 PRESETS = {
     "llama-3.2-3b-1b.toml": (
         "meta-llama/Llama-3.2-3B-Instruct",
@@ -169,7 +169,7 @@ def test_drafter_setting_out_of_range(tmp_path: Path) -> None:
 
 
 def test_every_shipped_config_parses() -> None:
-    configs = sorted((Path(__file__).parent.parent / "configs").glob("*.toml"))
+    configs = [default_config_path(), *sorted(CONFIGS.glob("*.toml"))]
     assert len(configs) >= 5
     for path in configs:
         load_config(path)

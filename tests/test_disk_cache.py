@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from specrepl import cli
-from specrepl.disk_cache import clear, stored_items
-from specrepl.gguf_cache import MARKER, PARTIAL_PREFIX
+from specrepl.app import cli
+from specrepl.app.disk_cache import clear, stored_items
+from specrepl.models.gguf import MARKER, PARTIAL_PREFIX
 
 
 @pytest.fixture

@@ -11,9 +11,9 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from specrepl.distill_data import batched_generate, target_features
-from specrepl.kv_cache import GrowingLayer, growing_cache, rollback_to
+from specrepl.engine.kv_cache import GrowingLayer, growing_cache, rollback_to
 from specrepl.testing import tiny_llama
+from specrepl.train.data import batched_generate, target_features
 
 END = 3
 

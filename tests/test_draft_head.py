@@ -10,8 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from specrepl.commands import REGISTRY
-from specrepl.draft_head import (
+from specrepl.app.commands import REGISTRY
+from specrepl.chat.session import ChatSession
+from specrepl.chat.settings import SettingError, Settings
+from specrepl.engine.drafters.draft_head import (
     DraftHead,
     HeadCache,
     HeadLoadError,
@@ -20,11 +22,9 @@ from specrepl.draft_head import (
     save_head,
     target_fingerprint,
 )
-from specrepl.drafters import HeadDrafter
-from specrepl.generation import autoregressive_generate, speculative_generate
-from specrepl.models import ModelPair
-from specrepl.session import ChatSession
-from specrepl.settings import SettingError, Settings
+from specrepl.engine.drafters.kinds import HeadDrafter
+from specrepl.engine.generation import autoregressive_generate, speculative_generate
+from specrepl.models.pair import ModelPair
 from specrepl.testing import tiny_head, tiny_llama, tiny_tokenizer
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -10,9 +10,9 @@ import torch
 from transformers import LlamaForCausalLM
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from specrepl import copy_attention, drafters
-from specrepl.drafter_options import DrafterOptions
-from specrepl.drafters import (
+from specrepl.engine import copy_attention
+from specrepl.engine.drafters import kinds as drafters
+from specrepl.engine.drafters.kinds import (
     HeadDrafter,
     HybridDrafter,
     LookupDrafter,
@@ -21,12 +21,13 @@ from specrepl.drafters import (
     build_drafter,
     is_copy_of,
 )
-from specrepl.forward import forward_logits
-from specrepl.gamma import AutoGamma, HeuristicGamma, expected_tokens, make_policy
-from specrepl.generation import autoregressive_generate, speculative_generate
-from specrepl.kv_cache import cached_length, new_cache
-from specrepl.processors import GreedyProcessor
-from specrepl.results import Offer, StepEvent
+from specrepl.engine.drafters.options import DrafterOptions
+from specrepl.engine.forward import forward_logits
+from specrepl.engine.gamma import AutoGamma, HeuristicGamma, expected_tokens, make_policy
+from specrepl.engine.generation import autoregressive_generate, speculative_generate
+from specrepl.engine.kv_cache import cached_length, new_cache
+from specrepl.engine.processors import GreedyProcessor
+from specrepl.engine.results import Offer, StepEvent
 from specrepl.testing import perturbed_copy, tiny_head, tiny_llama
 
 PROMPTS = ([1, 17, 4, 30, 8, 8, 2, 11, 17, 4, 30], [1, 5, 9, 12], [6, 7, 6, 7, 6, 7])
@@ -592,7 +593,7 @@ def test_a_drafter_missing_part_of_the_interface_cannot_be_made() -> None:
 
 
 def test_every_drafter_option_has_one_default() -> None:
-    from specrepl.settings import Settings
+    from specrepl.chat.settings import Settings
 
     assert Settings().drafter_options() == DrafterOptions()  # the REPL's defaults are the library's
     assert NgramDrafter().max_order == DrafterOptions().order

@@ -4,10 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from specrepl.draft_head import load_head, resolve_head, target_fingerprint
-from specrepl.drafters import HeadDrafter, HybridDrafter, LookupDrafter, ModelDrafter, NgramDrafter
-from specrepl.gamma import make_policy
-from specrepl.generation import autoregressive_generate, speculative_generate
+from specrepl.engine.drafters.draft_head import load_head, resolve_head, target_fingerprint
+from specrepl.engine.drafters.kinds import (
+    HeadDrafter,
+    HybridDrafter,
+    LookupDrafter,
+    ModelDrafter,
+    NgramDrafter,
+)
+from specrepl.engine.gamma import make_policy
+from specrepl.engine.generation import autoregressive_generate, speculative_generate
 
 pytestmark = pytest.mark.embedded
 
@@ -174,8 +180,8 @@ CHAT_TURNS = (
 
 @pytest.mark.parametrize("kind", ["hybrid", "head"])
 def test_ten_chat_turns_with_kept_caches_equal_a_recomputed_chat(embedded_pair, kind) -> None:
-    from specrepl.session import ChatSession
-    from specrepl.settings import Settings
+    from specrepl.chat.session import ChatSession
+    from specrepl.chat.settings import Settings
 
     settings = Settings(max_new_tokens=16, drafter_kind=kind, drafter_head="embedded")
     if kind == "hybrid":

@@ -14,8 +14,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from specrepl.gamma import AutoGamma
-from specrepl.results import Offer, StepEvent
+from specrepl.engine.gamma import AutoGamma
+from specrepl.engine.results import Offer, StepEvent
 
 RECORDED = Path(__file__).parent / "data" / "chat_pasted_events.json"
 

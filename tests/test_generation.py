@@ -5,16 +5,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specrepl.drafters import ModelDrafter
-from specrepl.gamma import make_policy
-from specrepl.generation import (
+from specrepl.engine.drafters.kinds import ModelDrafter
+from specrepl.engine.gamma import make_policy
+from specrepl.engine.generation import (
     ContextTooLongError,
     GenerationInterrupted,
     autoregressive_generate,
     speculative_generate,
     stream_speculative,
 )
-from specrepl.results import PROMPT_PASS
+from specrepl.engine.results import PROMPT_PASS
 from specrepl.testing import perturbed_copy, tiny_llama
 
 PROMPTS = ([1, 5, 9, 12], [1, 17, 4, 30, 8, 8, 2, 11], [7])

@@ -25,8 +25,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from rich.console import Console
 
-from specrepl.answers import Answer, EventCallback
-from specrepl.commands import (
+from specrepl.app.commands import (
     BOOL_WORDS,
     PREFIX,
     REGISTRY,
@@ -38,12 +37,13 @@ from specrepl.commands import (
     Quit,
     SettingsChanged,
 )
-from specrepl.draft_head import DraftHead, save_head, target_fingerprint
-from specrepl.models import ModelPair
-from specrepl.render import Renderer
-from specrepl.repl import handle_line
-from specrepl.session import ChatSession
-from specrepl.settings import Settings
+from specrepl.app.render import Renderer
+from specrepl.app.repl import handle_line
+from specrepl.chat.answers import Answer, EventCallback
+from specrepl.chat.session import ChatSession
+from specrepl.chat.settings import Settings
+from specrepl.engine.drafters.draft_head import DraftHead, save_head, target_fingerprint
+from specrepl.models.pair import ModelPair
 from specrepl.testing import tiny_llama
 
 HISTORY = [{"role": "user", "content": "w7"}, {"role": "assistant", "content": "w8"}]

@@ -32,14 +32,15 @@ from prompt_toolkit.input import create_pipe_input
 from prompt_toolkit.output import DummyOutput
 from rich.console import Console
 
-from specrepl import cli, models
-from specrepl.answers import Answer, Message, RunFinished, RunStarted, RunStep
-from specrepl.drafters import NgramDrafter
-from specrepl.models import ModelPair
-from specrepl.render import AnswerView, Renderer
-from specrepl.repl import EXIT_TERMINATED, PipeReader, TerminalReader, run
-from specrepl.session import ChatSession
-from specrepl.settings import Settings
+from specrepl.app import cli
+from specrepl.app.render import AnswerView, Renderer
+from specrepl.app.repl import EXIT_TERMINATED, PipeReader, TerminalReader, run
+from specrepl.chat.answers import Answer, Message, RunFinished, RunStarted, RunStep
+from specrepl.chat.session import ChatSession
+from specrepl.chat.settings import Settings
+from specrepl.engine.drafters.kinds import NgramDrafter
+from specrepl.models import pair as models
+from specrepl.models.pair import ModelPair
 from specrepl.testing import interrupt_on_call, perturbed_copy, tiny_llama, tiny_tokenizer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -70,7 +71,7 @@ def recorded(**options: Any) -> tuple[Renderer, Console]:
 
 
 def test_a_swallowed_ctrl_c_is_raised_again_until_the_block_ends() -> None:
-    from specrepl.signals import ctrl_c_insists
+    from specrepl.engine.signals import ctrl_c_insists
 
     caught = 0
     with pytest.raises(KeyboardInterrupt), ctrl_c_insists(every=0.05):
@@ -85,7 +86,7 @@ def test_a_swallowed_ctrl_c_is_raised_again_until_the_block_ends() -> None:
 
 
 def test_without_ctrl_c_the_block_changes_nothing() -> None:
-    from specrepl.signals import ctrl_c_insists
+    from specrepl.engine.signals import ctrl_c_insists
 
     with ctrl_c_insists(every=0.01):
         time.sleep(0.1)
@@ -570,7 +571,7 @@ def test_sigint_while_loading_in_a_real_process(models_dir: Path) -> None:
     slow_loader = (
         "import faulthandler, signal, sys, time\n"
         "faulthandler.register(signal.SIGUSR1)\n"
-        "import specrepl.cli as cli, specrepl.models as models\n"
+        "import specrepl.app.cli as cli, specrepl.models.pair as models\n"
         "def load_pair(*args, **kwargs):\n"
         "    while True:\n"
         "        time.sleep(0.05)\n"

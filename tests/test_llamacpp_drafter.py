@@ -21,24 +21,24 @@ import pytest
 import torch
 from scipy import stats
 
-import specrepl.llamacpp as llamacpp
-import specrepl.llamacpp_drafter as llamacpp_drafter
-from specrepl.drafter_options import DrafterOptions
-from specrepl.drafters import HybridDrafter, LookupDrafter, build_drafter
-from specrepl.gamma import make_policy
-from specrepl.generation import autoregressive_generate, speculative_generate
-from specrepl.llamacpp import LlamaCppUnavailable, open_gguf
-from specrepl.llamacpp_drafter import (
+import specrepl.engine.drafters.llamacpp as llamacpp_drafter
+import specrepl.engine.llamacpp as llamacpp
+from specrepl.chat.settings import SettingError
+from specrepl.engine.drafters.kinds import HybridDrafter, LookupDrafter, build_drafter
+from specrepl.engine.drafters.llamacpp import (
     DraftView,
     LlamaCppDrafter,
     auto_window,
     choose_runtime,
 )
-from specrepl.models import ModelPair, embedded_gguf_path
-from specrepl.processors import GreedyProcessor, TopKProcessor
-from specrepl.prompt_cache import PromptCache
-from specrepl.prompting import prompt_ids
-from specrepl.settings import SettingError
+from specrepl.engine.drafters.options import DrafterOptions
+from specrepl.engine.gamma import make_policy
+from specrepl.engine.generation import autoregressive_generate, speculative_generate
+from specrepl.engine.llamacpp import LlamaCppUnavailable, open_gguf
+from specrepl.engine.processors import GreedyProcessor, TopKProcessor
+from specrepl.engine.prompt_cache import PromptCache
+from specrepl.models.pair import ModelPair, embedded_gguf_path
+from specrepl.models.prompting import prompt_ids
 from specrepl.testing import CountingLlama
 
 HAS_LLAMA_CPP = importlib.util.find_spec("llama_cpp") is not None
@@ -286,8 +286,8 @@ def test_the_cost_timing_measures_and_leaves_the_state_empty(llama) -> None:
 
 
 def test_the_session_refuses_llamacpp_for_a_drafter_without_gguf(pair: ModelPair) -> None:
-    from specrepl.session import ChatSession
-    from specrepl.settings import Settings
+    from specrepl.chat.session import ChatSession
+    from specrepl.chat.settings import Settings
 
     session = ChatSession(pair, Settings(drafter_kind="model"))
     with pytest.raises(SettingError, match=r"cannot run in llama\.cpp"):
@@ -300,8 +300,8 @@ def test_the_session_refuses_llamacpp_for_a_drafter_without_gguf(pair: ModelPair
 def test_the_session_drafts_in_llamacpp_when_asked(
     embedded_pair: ModelPair, llama, monkeypatch
 ) -> None:
-    from specrepl.session import ChatSession
-    from specrepl.settings import Settings
+    from specrepl.chat.session import ChatSession
+    from specrepl.chat.settings import Settings
 
     monkeypatch.setattr(llamacpp_drafter, "open_gguf", lambda *a, **k: llama)
     session = ChatSession(
@@ -316,10 +316,10 @@ def test_the_session_drafts_in_llamacpp_when_asked(
 
 @pytest.mark.embedded
 def test_the_session_holds_no_torch_drafter_while_llamacpp_drafts(llama, monkeypatch) -> None:
-    from specrepl.config import ModelSpec
-    from specrepl.models import load_pair
-    from specrepl.session import ChatSession
-    from specrepl.settings import Settings
+    from specrepl.chat.config import ModelSpec
+    from specrepl.chat.session import ChatSession
+    from specrepl.chat.settings import Settings
+    from specrepl.models.pair import load_pair
 
     monkeypatch.setattr(llamacpp_drafter, "open_gguf", lambda *a, **k: llama)
     pair = load_pair("embedded", ModelSpec("embedded", dtype="bfloat16"))  # its own: released

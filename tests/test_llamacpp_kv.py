@@ -18,13 +18,19 @@ import numpy as np
 import pytest
 import torch
 
-from specrepl.generation import autoregressive_generate, speculative_generate
-from specrepl.kv_cache import new_cache
-from specrepl.llamacpp_drafter import LlamaCppDrafter
-from specrepl.llamacpp_kv import LayoutError, _export, _logits, _parse, probe_importer
-from specrepl.models import ModelPair
-from specrepl.prompt_cache import PromptCache
-from specrepl.prompting import prompt_ids
+from specrepl.engine.drafters.llamacpp import LlamaCppDrafter
+from specrepl.engine.drafters.llamacpp_kv import (
+    LayoutError,
+    _export,
+    _logits,
+    _parse,
+    probe_importer,
+)
+from specrepl.engine.generation import autoregressive_generate, speculative_generate
+from specrepl.engine.kv_cache import new_cache
+from specrepl.engine.prompt_cache import PromptCache
+from specrepl.models.pair import ModelPair
+from specrepl.models.prompting import prompt_ids
 from specrepl.testing import CountingLlama
 
 HAS_LLAMA_CPP = importlib.util.find_spec("llama_cpp") is not None

@@ -24,11 +24,13 @@ import transformers.dynamic_module_utils
 from tokenizers import AddedToken
 from transformers import GenerationConfig
 
-from specrepl import gguf_cache, models
-from specrepl.compatibility import IncompatibleTokenizersError
-from specrepl.config import ModelSpec
-from specrepl.linear_forms import forms_allowed
-from specrepl.models import (
+from specrepl.chat.config import ModelSpec
+from specrepl.engine.linear_forms import forms_allowed
+from specrepl.engine.widths import WidthPlan, install_width_plan, width_plan
+from specrepl.models import gguf as gguf_cache
+from specrepl.models import pair as models
+from specrepl.models.compatibility import IncompatibleTokenizersError
+from specrepl.models.pair import (
     LoadedModel,
     ModelLoadError,
     ModelPair,
@@ -37,8 +39,8 @@ from specrepl.models import (
     resolve_device,
     resolve_dtype,
 )
+from specrepl.store import paths
 from specrepl.testing import tiny_llama, tiny_tokenizer
-from specrepl.widths import WidthPlan, install_width_plan, width_plan
 
 IM_END = 3  # id of <|im_end|> in specrepl.testing.tiny_tokenizer
 
@@ -73,7 +75,7 @@ def test_from_models_wraps_a_checked_pair() -> None:
 def test_a_drafter_that_is_a_copy_of_the_target_is_named_so() -> None:
     from rich.console import Console
 
-    from specrepl.render import Renderer
+    from specrepl.app.render import Renderer
 
     target = tiny_llama(32, seed=0)
     copy = tiny_llama(32, seed=0).to(torch.bfloat16)
@@ -472,20 +474,20 @@ def test_broken_gguf_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> No
 def test_cache_root_precedence(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("SPECREPL_CACHE_DIR", str(tmp_path / "explicit"))
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    assert gguf_cache.cache_root() == tmp_path / "explicit"
+    assert paths.cache_root() == tmp_path / "explicit"
     monkeypatch.delenv("SPECREPL_CACHE_DIR")
-    assert gguf_cache.cache_root() == tmp_path / "xdg" / "specrepl"
+    assert paths.cache_root() == tmp_path / "xdg" / "specrepl"
     monkeypatch.delenv("XDG_CACHE_HOME")
-    assert gguf_cache.cache_root() == Path.home() / ".cache" / "specrepl"
+    assert paths.cache_root() == Path.home() / ".cache" / "specrepl"
 
 
 def test_fingerprint_follows_the_content(tmp_path: Path) -> None:
     a, b = tmp_path / "a.gguf", tmp_path / "b.gguf"
     a.write_bytes(b"x" * 1000)
     b.write_bytes(b"x" * 1000)
-    assert gguf_cache.fingerprint(a) == gguf_cache.fingerprint(b)
+    assert paths.fingerprint(a) == paths.fingerprint(b)
     b.write_bytes(b"x" * 999 + b"y")
-    assert gguf_cache.fingerprint(a) != gguf_cache.fingerprint(b)
+    assert paths.fingerprint(a) != paths.fingerprint(b)
 
 
 def test_interrupted_conversion_leaves_no_copy(
@@ -608,7 +610,7 @@ def test_a_damaged_embedded_copy_is_rebuilt_and_answers_as_before(
 ) -> None:
     import shutil
 
-    from specrepl.generation import autoregressive_generate
+    from specrepl.engine.generation import autoregressive_generate
 
     cache = tmp_path / "cache"
     shutil.copytree(Path(embedded_cache_dir) / "gguf", cache / "gguf")

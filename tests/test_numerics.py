@@ -14,7 +14,8 @@ import math
 import pytest
 import torch
 
-from specrepl.processors import (
+from specrepl.chat.settings import Settings
+from specrepl.engine.processors import (
     PROCESSORS,
     GreedyProcessor,
     MultinomialProcessor,
@@ -24,8 +25,7 @@ from specrepl.processors import (
     make_processor,
     usable_logits,
 )
-from specrepl.settings import Settings
-from specrepl.verification import residual_distribution, verify_greedy, verify_sampling
+from specrepl.engine.verification import residual_distribution, verify_greedy, verify_sampling
 
 INF, NAN = math.inf, math.nan
 HALF = (torch.float16, torch.bfloat16)

@@ -9,14 +9,14 @@ import json
 import pytest
 from rich.console import Console
 
-from specrepl import cli
-from specrepl.answers import Answer, GeneratorName, Run
-from specrepl.config import AppConfig, ModelSpec
-from specrepl.models import ModelPair
-from specrepl.output_match import compare_outputs, first_difference
-from specrepl.render import Renderer
-from specrepl.results import GenerationResult, GeneratorKind
-from specrepl.settings import Settings
+from specrepl.app import cli
+from specrepl.app.render import Renderer
+from specrepl.chat.answers import Answer, GeneratorName, Run
+from specrepl.chat.config import AppConfig, ModelSpec
+from specrepl.chat.settings import Settings
+from specrepl.engine.output_match import compare_outputs, first_difference
+from specrepl.engine.results import GenerationResult, GeneratorKind
+from specrepl.models.pair import ModelPair
 
 
 def test_first_difference_counts_new_tokens_from_zero() -> None:

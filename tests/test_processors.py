@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from specrepl.processors import (
+from specrepl.engine.processors import (
     PROCESSORS,
     GreedyProcessor,
     MultinomialProcessor,
@@ -104,7 +104,7 @@ def test_processor_specs_name_each_class_and_its_parameters() -> None:
     """The torch-free declaration (processor_specs.py) and the classes agree."""
     from dataclasses import fields
 
-    from specrepl.processor_specs import PROCESSOR_PARAMETERS, describe_processor
+    from specrepl.engine.processor_specs import PROCESSOR_PARAMETERS, describe_processor
 
     assert tuple(PROCESSORS) == tuple(PROCESSOR_PARAMETERS)
     for name, cls in PROCESSORS.items():

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import torch
 
-from specrepl.drafters import (
+from specrepl.engine.drafters.kinds import (
     Drafter,
     HeadDrafter,
     HybridDrafter,
@@ -17,14 +17,14 @@ from specrepl.drafters import (
     ModelDrafter,
     NgramDrafter,
 )
-from specrepl.gamma import make_policy
-from specrepl.generation import (
+from specrepl.engine.gamma import make_policy
+from specrepl.engine.generation import (
     GenerationInterrupted,
     autoregressive_generate,
     speculative_generate,
 )
-from specrepl.processors import GreedyProcessor, MultinomialProcessor
-from specrepl.prompt_cache import PromptCache, common_prefix
+from specrepl.engine.processors import GreedyProcessor, MultinomialProcessor
+from specrepl.engine.prompt_cache import PromptCache, common_prefix
 from specrepl.testing import interrupt_on_call, perturbed_copy, tiny_head, tiny_llama
 
 VOCAB, END = 32, 3

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from specrepl.prompting import (
+from specrepl.models.prompting import (
     PromptEncodingError,
     chat_prompt_ids,
     clean_prompt,

@@ -14,10 +14,9 @@ from prompt_toolkit.input import create_pipe_input
 from prompt_toolkit.output import DummyOutput
 from rich.console import Console
 
-from specrepl.commands import REGISTRY
-from specrepl.models import ModelPair
-from specrepl.render import Renderer, settings_line
-from specrepl.repl import (
+from specrepl.app.commands import REGISTRY
+from specrepl.app.render import Renderer, settings_line
+from specrepl.app.repl import (
     PipeReader,
     RegistryCompleter,
     TerminalReader,
@@ -25,8 +24,9 @@ from specrepl.repl import (
     make_reader,
     run,
 )
-from specrepl.session import ChatSession
-from specrepl.settings import Settings
+from specrepl.chat.session import ChatSession
+from specrepl.chat.settings import Settings
+from specrepl.models.pair import ModelPair
 from specrepl.testing import interrupt_on_call
 
 

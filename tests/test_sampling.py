@@ -14,9 +14,9 @@ import pytest
 import torch
 from scipy import stats
 
-import specrepl.verification as verification
-from specrepl.draft_head import DraftHead
-from specrepl.drafters import (
+import specrepl.engine.verification as verification
+from specrepl.engine.drafters.draft_head import DraftHead
+from specrepl.engine.drafters.kinds import (
     Draft,
     Drafter,
     HeadDrafter,
@@ -25,8 +25,8 @@ from specrepl.drafters import (
     ModelDrafter,
     NgramDrafter,
 )
-from specrepl.generation import speculative_generate
-from specrepl.processors import (
+from specrepl.engine.generation import speculative_generate
+from specrepl.engine.processors import (
     LogitsProcessor,
     MultinomialProcessor,
     NucleusProcessor,

@@ -27,13 +27,13 @@ import pytest
 from huggingface_hub import constants as hub_constants
 
 import specrepl
-from specrepl import cli
-from specrepl.commands import REGISTRY, SettingsChanged
-from specrepl.config import AppConfig, ConfigError, ModelSpec, default_config_path, load_config
-from specrepl.models import ModelLoadError, ModelPair, _hub_reachable, load_pair
-from specrepl.repl import _history
-from specrepl.session import ChatSession
-from specrepl.settings import Settings
+from specrepl.app import cli
+from specrepl.app.commands import REGISTRY, SettingsChanged
+from specrepl.app.repl import _history
+from specrepl.chat.config import AppConfig, ConfigError, ModelSpec, default_config_path, load_config
+from specrepl.chat.session import ChatSession
+from specrepl.chat.settings import Settings
+from specrepl.models.pair import ModelLoadError, ModelPair, _hub_reachable, load_pair
 
 PACKAGE = Path(specrepl.__file__).resolve().parent
 HUB_ID = "specrepl-tests/no-such-model"
@@ -138,7 +138,8 @@ def test_an_unreachable_hub_is_probed_once_then_explained(
 
 def test_remote_code_is_off_unless_asked_for(tmp_path: Path) -> None:
     assert load_config(default_config_path()).trust_remote_code is False
-    for preset in sorted(default_config_path().parent.glob("*.toml")):
+    presets = Path(__file__).resolve().parent.parent / "configs"
+    for preset in sorted(presets.glob("*.toml")):
         assert load_config(preset).trust_remote_code is False, preset
     assert AppConfig(target=ModelSpec("embedded")).trust_remote_code is False
     assert inspect.signature(load_pair).parameters["trust_remote_code"].default is False

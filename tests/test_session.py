@@ -15,15 +15,15 @@ import pytest
 import torch
 from transformers import PreTrainedModel
 
-import specrepl.session as session_module
-from specrepl.answers import Answer, RunFinished, RunStarted, RunStep, SessionEvent
-from specrepl.drafters import ModelDrafter
-from specrepl.llamacpp_drafter import RuntimeChoice
-from specrepl.models import ModelPair, load_pair
-from specrepl.session import ChatSession
-from specrepl.settings import SettingError, Settings
+import specrepl.chat.session as session_module
+from specrepl.chat.answers import Answer, RunFinished, RunStarted, RunStep, SessionEvent
+from specrepl.chat.session import ChatSession
+from specrepl.chat.settings import SettingError, Settings
+from specrepl.engine.drafters.kinds import ModelDrafter
+from specrepl.engine.drafters.llamacpp import RuntimeChoice
+from specrepl.engine.widths import width_plan
+from specrepl.models.pair import ModelPair, load_pair
 from specrepl.testing import interrupt_on_call, perturbed_copy, tiny_llama, tiny_tokenizer
-from specrepl.widths import width_plan
 
 PROMPT = "w7 w8 w9"
 
@@ -480,7 +480,7 @@ def test_out_of_memory_abandons_the_answer_and_frees_memory(
     steps = session.answer(PROMPT).runs["speculative"].result.steps
     session.history = list(history)
     freed: list[str] = []
-    monkeypatch.setattr("specrepl.devices.gc.collect", lambda: freed.append("gc") or 0)
+    monkeypatch.setattr("specrepl.engine.devices.gc.collect", lambda: freed.append("gc") or 0)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: freed.append("cuda"))
     call = 3 if generator == "speculative" else steps + 2

@@ -12,11 +12,11 @@ from typing import Any
 
 import pytest
 
-from specrepl.answers import Answer
-from specrepl.models import ModelPair
-from specrepl.session import ChatSession
-from specrepl.settings import Settings
-from specrepl.soak import MIB, VARIANTS, repeatable, resident_bytes, soak, usable_variants
+from specrepl.chat.answers import Answer
+from specrepl.chat.session import ChatSession
+from specrepl.chat.settings import Settings
+from specrepl.measure.soak import MIB, VARIANTS, repeatable, resident_bytes, soak, usable_variants
+from specrepl.models.pair import ModelPair
 from specrepl.testing import interrupt_on_call
 
 TINY_PROMPTS = ("w7 w8 w9", "w10 w11", "w12 w13 w14 w15", "w20", "w9 w9 w9 w21 w9 w9")
@@ -32,10 +32,10 @@ SOAK_IN_A_FRESH_PROCESS = """
 import json, sys
 import torch
 torch.set_num_threads(1)
-from specrepl.models import ModelPair
-from specrepl.session import ChatSession
-from specrepl.settings import Settings
-from specrepl.soak import soak
+from specrepl.models.pair import ModelPair
+from specrepl.chat.session import ChatSession
+from specrepl.chat.settings import Settings
+from specrepl.measure.soak import soak
 from specrepl.testing import perturbed_copy, tiny_llama, tiny_tokenizer
 target = tiny_llama(32, seed=4)
 pair = ModelPair.from_models(target, perturbed_copy(target, 0.3, seed=2), tiny_tokenizer(32))

@@ -21,11 +21,11 @@ from prompt_toolkit.input import create_pipe_input
 from prompt_toolkit.output import DummyOutput
 from rich.console import Console
 
-from specrepl import cli, startup
-from specrepl.config import load_config
-from specrepl.render import Renderer
-from specrepl.repl import TerminalReader, run
-from specrepl.startup import LoadingSession
+from specrepl.app import cli, startup
+from specrepl.app.render import Renderer
+from specrepl.app.repl import TerminalReader, run
+from specrepl.app.startup import LoadingSession
+from specrepl.chat.config import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -64,8 +64,8 @@ def test_the_first_screen_imports_no_model_library() -> None:
         "from prompt_toolkit.input import create_pipe_input\n"
         "from prompt_toolkit.output import DummyOutput\n"
         "from specrepl import cli, repl\n"
-        "from specrepl.commands import REGISTRY\n"
-        "from specrepl.startup import LoadingSession\n"
+        "from specrepl.app.commands import REGISTRY\n"
+        "from specrepl.app.startup import LoadingSession\n"
         "args = cli.parse_arguments(['--gamma', '3', '--processor', 'topk'])\n"
         "session = LoadingSession(cli.app_config(args))\n"
         "with create_pipe_input() as keys:\n"
@@ -177,7 +177,7 @@ def test_a_pair_with_no_drafter_refuses_what_needs_one_before_loading(
 ) -> None:
     from dataclasses import replace
 
-    from specrepl.settings import SettingError
+    from specrepl.chat.settings import SettingError
 
     config = replace(load_config(config_file), drafter=None)
     session = LoadingSession(config)

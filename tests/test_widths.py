@@ -5,19 +5,18 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specrepl.drafters import NgramDrafter
-from specrepl.forward import forward_logits
-from specrepl.generation import autoregressive_generate, speculative_generate
-from specrepl.kv_cache import cached_length, new_cache
-from specrepl.linear_forms import (
+from specrepl.engine.drafters.kinds import NgramDrafter
+from specrepl.engine.forward import forward_logits
+from specrepl.engine.generation import autoregressive_generate, speculative_generate
+from specrepl.engine.kv_cache import cached_length, new_cache
+from specrepl.engine.linear_forms import (
     FormChoosingLinear,
     allow_forms,
     forms_allowed,
     weight_first_rows,
 )
-from specrepl.processors import TopKProcessor
-from specrepl.testing import perturbed_copy, tiny_llama
-from specrepl.widths import (
+from specrepl.engine.processors import TopKProcessor
+from specrepl.engine.widths import (
     WidthPlan,
     clear_width_plan,
     measure_widths,
@@ -25,6 +24,7 @@ from specrepl.widths import (
     set_width_plan,
     width_plan,
 )
+from specrepl.testing import perturbed_copy, tiny_llama
 
 PROMPTS = ([1, 5, 9, 12], [1, 17, 4, 30, 8, 8, 2, 11], [7])
 # every width up to 8 padded to a larger one: the widest rewrite a plan can make
@@ -131,7 +131,7 @@ def test_only_plain_float_linear_layers_on_a_cpu_take_another_form() -> None:
 
 
 def test_a_plan_keeps_the_cheaper_form_of_each_width(monkeypatch, target) -> None:
-    from specrepl import widths
+    from specrepl.engine import widths
 
     def measured(model, max_width, weight_first=frozenset(), **kwargs):
         # weight first is cheaper at widths 2 and 3 only
@@ -172,8 +172,8 @@ def test_measure_widths_times_every_width(target) -> None:
 
 
 def test_pair_plans_are_stored_and_reused(tmp_path, monkeypatch) -> None:
-    from specrepl import widths
-    from specrepl.models import ModelPair
+    from specrepl.engine import widths
+    from specrepl.models.pair import ModelPair
     from specrepl.testing import tiny_tokenizer
 
     model = tiny_llama(32, seed=0)
@@ -212,8 +212,8 @@ def _busy(model, max_width, **kwargs):
 def test_noisy_old_and_foreign_plans_are_measured_again(tmp_path, monkeypatch) -> None:
     import json
 
-    from specrepl import widths
-    from specrepl.models import ModelPair
+    from specrepl.engine import widths
+    from specrepl.models.pair import ModelPair
     from specrepl.testing import tiny_tokenizer
 
     pair = ModelPair.from_models(tiny_llama(32, seed=0), None, tiny_tokenizer(32))
@@ -257,7 +257,7 @@ def test_noisy_old_and_foreign_plans_are_measured_again(tmp_path, monkeypatch) -
 
 
 def test_spread_leaves_the_extremes_out() -> None:
-    from specrepl.widths import spread
+    from specrepl.engine.widths import spread
 
     assert spread({1: [1.0, 1.0, 1.0, 1.0, 5.0]}) == 0.0  # one slow repeat is not noise
     assert spread({1: [1.0, 1.0, 1.5, 2.0, 2.0], 2: [1.0] * 5}) == pytest.approx(1 / 1.5)

@@ -1,0 +1,8 @@
+"""The chat program: settings, the config that fills them, the flags that
+change them, and the session that answers one turn with the speculative
+generator and its peers.
+
+The REPL and the measuring commands (`bench`, `soak`, `replay`) both run this
+layer, so what is measured is what a user runs. Knows nothing of the terminal:
+no rich, no prompt_toolkit.
+"""

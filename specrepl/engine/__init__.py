@@ -1,0 +1,13 @@
+"""The engine: speculative and autoregressive decoding over a target model.
+
+The decoding loop (`generation`), the paper's verification steps
+(`verification`), logits processors (`processors`), gamma policies (`gamma`),
+result and event types (`results`), KV-cache helpers (`kv_cache`,
+`prompt_cache`), the timed forward pass (`forward`, `widths`,
+`linear_forms`, `copy_attention`), devices and interrupts, and the drafters
+(`drafters/`, one module per kind behind one interface).
+
+Knows nothing of settings files, slash commands, rendering or the disk
+layout beyond `specrepl.store`: it takes models and drafters and yields
+events. Never imports rich or prompt_toolkit.
+"""

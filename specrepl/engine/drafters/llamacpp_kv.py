@@ -1,0 +1,341 @@
+"""The target's keys and values handed to llama.cpp, for a drafter that is a copy of the target.
+
+A drafter in llama.cpp reads every token it has not seen before it drafts: a
+pasted document costs it a prompt pass (compute-bound, about as dear as the
+target's own), and a window on what it reads leaves it blind to the document.
+When the drafter is a copy of the target (the embedded default: the target
+de-quantized from the same GGUF file), the target has already computed those
+keys and values. `KvImporter` writes them into llama.cpp's cache through its
+sequence-state API (`llama_state_seq_set_data`), converted to llama.cpp's
+layout and precision, as the torch copy does with `kv_cache.copy_positions`.
+The drafter then reads only the last token, for its logits.
+
+The byte layout of a sequence state is llama.cpp's own, not a public format,
+so nothing here is assumed: `probe_importer` has the running library write
+the state of a short random sequence, checks every field this module relies
+on (header, cell records, layer count, key and value types and widths, value
+transposition), finds how the target orders the dimensions of a key
+(transformers' Llama rotates dimension i with i + d/2, llama.cpp's llama-type
+models 2i with 2i + 1; both orders are tried against llama.cpp's own keys),
+and checks that llama.cpp, given the target's keys and values, predicts what
+it predicts after reading for itself. Any mismatch gives no importer, with
+the reason, and the drafter reads as before. The output never depends on
+this: the target verifies every draft.
+
+This module knows nothing about drafting, gamma policies or rendering.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import struct
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from transformers import DynamicCache, PreTrainedModel
+
+from specrepl.engine.kv_cache import cached_length, new_cache
+from specrepl.engine.llamacpp import import_llamacpp
+
+__all__ = ["KvImporter", "StateLayout", "probe_importer"]
+
+_MAGIC = 0xAF143CD8
+"""The first four bytes of a llama.cpp sequence state (`io_magic` in llama-context.cpp)."""
+
+_TYPES = {0: (np.float32, torch.float32), 1: (np.float16, torch.float16)}
+"""ggml type ids this module can write: GGML_TYPE_F32 and GGML_TYPE_F16."""
+
+PROBE_TOKENS = 16
+MIN_AGREEMENT = 0.99
+"""Least cosine similarity between llama.cpp's own keys (and values, and
+next-token logits) and those taken from the target, on the probe."""
+
+
+@dataclass(frozen=True)
+class StateLayout:
+    """What a sequence state of this llama.cpp holds, as read from one it wrote."""
+
+    layers: int
+    width: int
+    """Keys (and values) per position and layer: kv heads x head size."""
+    key_type: int
+    value_type: int
+    values_transposed: bool
+    heads: int
+    interleaved: bool
+    """Keys pair dimensions 2i and 2i + 1 where the target pairs i and i + d/2."""
+
+
+class LayoutError(ValueError):
+    """A sequence state this module cannot read or write."""
+
+
+def _parse(data: bytes) -> tuple[StateLayout, np.ndarray, np.ndarray]:
+    """The layout of one sequence state (one stream, seq 0, no cell extras)
+    and its keys and values as float32 arrays (layers, cells, width); raises
+    LayoutError for anything else."""
+    offset = 0
+
+    def read(fmt: str) -> tuple[Any, ...]:
+        nonlocal offset
+        size = struct.calcsize(fmt)
+        if offset + size > len(data):
+            raise LayoutError("the state ends early")
+        values = struct.unpack_from(fmt, data, offset)
+        offset += size
+        return values
+
+    magic, seq, streams, cells = read("<IiII")
+    if magic != _MAGIC or seq != 0 or streams != 1 or cells == 0:
+        raise LayoutError(
+            f"unexpected header (magic {magic:#x}, seq {seq}, streams {streams}, cells {cells})"
+        )
+    for position in range(cells):
+        pos, count, owner = read("<iIi")
+        if (pos, count, owner) != (position, 1, 0):
+            raise LayoutError(f"unexpected cell record {(pos, count, owner)} at {position}")
+    transposed, layers = read("<II")
+
+    def block(type_id: int, width: int, rows: int) -> np.ndarray:
+        nonlocal offset
+        if type_id not in _TYPES:
+            raise LayoutError(f"keys or values of ggml type {type_id} (only f32 and f16 are known)")
+        dtype = _TYPES[type_id][0]
+        count = width * rows
+        if offset + count * np.dtype(dtype).itemsize > len(data):
+            raise LayoutError("the state ends early")
+        array = np.frombuffer(data, dtype=dtype, count=count, offset=offset)
+        offset += count * np.dtype(dtype).itemsize
+        return array.astype(np.float32)
+
+    keys, values, key_types, value_types, widths = [], [], set(), set(), set()
+    for _ in range(layers):
+        key_type, row = read("<iQ")
+        if key_type not in _TYPES or row % np.dtype(_TYPES[key_type][0]).itemsize:
+            raise LayoutError(f"keys of ggml type {key_type}, {row} bytes a row")
+        width = row // np.dtype(_TYPES[key_type][0]).itemsize
+        keys.append(block(key_type, width, cells).reshape(cells, width))
+        key_types.add(key_type)
+        widths.add(width)
+    for _ in range(layers):
+        if transposed:
+            value_type, element, width = read("<iII")
+            if value_type not in _TYPES or element != np.dtype(_TYPES[value_type][0]).itemsize:
+                raise LayoutError(f"values of ggml type {value_type}, {element} bytes an element")
+            values.append(block(value_type, width, cells).reshape(width, cells).T)
+        else:
+            value_type, row = read("<iQ")
+            if value_type not in _TYPES:
+                raise LayoutError(f"values of ggml type {value_type}")
+            width = row // np.dtype(_TYPES[value_type][0]).itemsize
+            values.append(block(value_type, width, cells).reshape(cells, width))
+        value_types.add(value_type)
+        widths.add(width)
+    if offset != len(data):
+        raise LayoutError(f"{len(data) - offset} bytes left unread")
+    if len(key_types) != 1 or len(value_types) != 1 or len(widths) != 1:
+        raise LayoutError("layers differ in type or width")
+    layout = StateLayout(
+        layers=layers,
+        width=widths.pop(),
+        key_type=key_types.pop(),
+        value_type=value_types.pop(),
+        values_transposed=bool(transposed),
+        heads=0,
+        interleaved=False,
+    )
+    return layout, np.stack(keys), np.stack(values)
+
+
+def _export(llama: Any) -> bytes:
+    """The sequence state llama.cpp holds for seq 0."""
+    library = import_llamacpp()
+    size = library.llama_state_seq_get_size(llama.ctx, 0)
+    buffer = (ctypes.c_uint8 * size)()
+    written = library.llama_state_seq_get_data(llama.ctx, buffer, size, 0)
+    return bytes(buffer)[:written]
+
+
+def _logits(llama: Any) -> np.ndarray:
+    library = import_llamacpp()
+    pointer = library.llama_get_logits_ith(llama.ctx, -1)
+    return np.ctypeslib.as_array(pointer, shape=(int(llama.n_vocab()),)).astype(np.float32)
+
+
+def _cosine(a: np.ndarray, b: np.ndarray) -> float:
+    norm = float(np.linalg.norm(a) * np.linalg.norm(b))
+    return float((a * b).sum()) / norm if norm else 0.0
+
+
+def _stacked(cache: DynamicCache, count: int, part: str) -> torch.Tensor:
+    """Keys or values of the first `count` positions, every layer: (layers, heads, count, d)."""
+    tensors = [getattr(layer, part)[0, :, :count] for layer in cache.layers]
+    return torch.stack(tensors).detach().to("cpu", torch.float32)
+
+
+def _llama_keys(keys: torch.Tensor, interleaved: bool) -> torch.Tensor:
+    """(layers, heads, n, d) target keys -> (layers, n, heads * d) in llama.cpp's order."""
+    layers, heads, n, d = keys.shape
+    if interleaved:  # target dimension h * d/2 + i is llama.cpp's 2i + h
+        keys = keys.reshape(layers, heads, n, 2, d // 2).transpose(-1, -2).reshape(keys.shape)
+    return keys.permute(0, 2, 1, 3).reshape(layers, n, heads * d)
+
+
+class KvImporter:
+    """Writes a transformers cache's first positions into llama.cpp's seq 0.
+
+    llama.cpp's sequence-state read replaces the whole sequence, so a write
+    covers positions 0..count-1, and its cost grows with the context: it is
+    timed at every write (`seconds_per_position`, the probe's first), so the
+    drafter can weigh it against reading the unseen tokens itself."""
+
+    def __init__(self, llama: Any, layout: StateLayout, seconds_per_position: float) -> None:
+        self.llama = llama
+        self.layout = layout
+        self.seconds_per_position = seconds_per_position
+
+    def estimate(self, count: int) -> float:
+        """Seconds a write of `count` positions is expected to take."""
+        return count * self.seconds_per_position
+
+    def write(self, cache: DynamicCache, count: int, tokens: list[int]) -> float:
+        """Make llama.cpp hold `tokens` (the first `count` of the sequence) with
+        the keys and values `cache` holds for them; returns the seconds taken.
+        Raises RuntimeError when llama.cpp refuses the state (its cache is
+        then empty)."""
+        if count <= 0 or cached_length(cache) < count or len(tokens) < count:
+            raise ValueError(f"cannot write {count} positions from {cached_length(cache)} cached")
+        started = time.perf_counter()
+        state = self._state(cache, count)
+        library = import_llamacpp()
+        pointer = state.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8))
+        read = library.llama_state_seq_set_data(self.llama.ctx, pointer, state.size, 0)
+        if read != state.size:
+            self.llama.n_tokens = 0
+            raise RuntimeError(f"llama.cpp took {read} of {state.size} bytes of keys and values")
+        self.llama.input_ids[:count] = tokens[:count]
+        self.llama.n_tokens = count
+        seconds = time.perf_counter() - started
+        per_position = seconds / count
+        self.seconds_per_position = 0.7 * self.seconds_per_position + 0.3 * per_position
+        return seconds
+
+    def _state(self, cache: DynamicCache, count: int) -> np.ndarray:
+        """The sequence state of positions 0..count-1, bytes laid out as `_parse`
+        reads them; each layer's keys and values are converted in one strided
+        copy straight into place."""
+        layout = self.layout
+        key_np, _ = _TYPES[layout.key_type]
+        value_np, _ = _TYPES[layout.value_type]
+        key_size, value_size = np.dtype(key_np).itemsize, np.dtype(value_np).itemsize
+        head = 16 + 12 * count + 8
+        key_block = 12 + count * layout.width * key_size
+        value_block = 12 + count * layout.width * value_size
+        state = np.empty(head + layout.layers * (key_block + value_block), dtype=np.uint8)
+        struct.pack_into("<IiII", state, 0, _MAGIC, 0, 1, count)
+        cells = state[16 : 16 + 12 * count].view(np.int32).reshape(count, 3)
+        cells[:, 0] = np.arange(count)
+        cells[:, 1] = 1
+        cells[:, 2] = 0
+        struct.pack_into(
+            "<II", state, 16 + 12 * count, int(layout.values_transposed), layout.layers
+        )
+        offset = head
+        for layer in cache.layers:
+            keys = layer.keys[0, :, :count].detach().to("cpu")  # (heads, n, d)
+            heads, _, d = keys.shape
+            if layout.interleaved:  # target dimension h * d/2 + i is llama.cpp's 2i + h
+                keys = keys.reshape(heads, count, 2, d // 2).transpose(-1, -2)
+            struct.pack_into("<iQ", state, offset, layout.key_type, layout.width * key_size)
+            into = state[offset + 12 : offset + key_block].view(key_np)
+            torch.from_numpy(into).view(count, heads, *keys.shape[2:]).copy_(keys.transpose(0, 1))
+            offset += key_block
+        for layer in cache.layers:
+            values = layer.values[0, :, :count].detach().to("cpu")  # (heads, n, d)
+            heads, _, d = values.shape
+            into = torch.from_numpy(state[offset + 12 : offset + value_block].view(value_np))
+            if layout.values_transposed:  # one row per value dimension, across positions
+                struct.pack_into("<iII", state, offset, layout.value_type, value_size, layout.width)
+                into.view(heads, d, count).copy_(values.transpose(1, 2))
+            else:
+                struct.pack_into("<iQ", state, offset, layout.value_type, layout.width * value_size)
+                into.view(count, heads, d).copy_(values.transpose(0, 1))
+            offset += value_block
+        return state
+
+
+def probe_importer(
+    llama: Any, target: PreTrainedModel, *, seed: int = 0
+) -> tuple[KvImporter | None, str]:
+    """An importer for `llama` fed from `target`'s caches, or None, with the
+    reason either way (see the module). Runs the target on `PROBE_TOKENS`
+    random tokens and llama.cpp on the same (~0.1 s); llama.cpp's cache is
+    empty afterwards."""
+    library = import_llamacpp()
+    if not hasattr(library, "llama_state_seq_set_data"):
+        return None, "this llama-cpp-python has no sequence-state calls"
+    config = target.config.get_text_config()
+    heads = int(getattr(config, "num_key_value_heads", 0) or config.num_attention_heads)
+    vocab = min(int(llama.n_vocab()), int(config.vocab_size))
+    generator = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(0, vocab, (PROBE_TOKENS,), generator=generator).tolist()
+    try:
+        llama.n_tokens = 0
+        llama.eval(tokens)
+        own_logits = _logits(llama)
+        layout, own_keys, own_values = _parse(_export(llama))
+        llama.n_tokens = 0
+        device = next(target.parameters()).device
+        cache = new_cache(target)
+        with torch.no_grad():
+            target(torch.tensor([tokens], device=device), past_key_values=cache, use_cache=True)
+        if len(cache.layers) != layout.layers:
+            return (
+                None,
+                f"the target has {len(cache.layers)} layers, llama.cpp's model {layout.layers}",
+            )
+        keys = _stacked(cache, PROBE_TOKENS, "keys")
+        if keys.shape[1] * keys.shape[3] != layout.width:
+            return None, "the target's keys and llama.cpp's differ in width"
+        agreement = {
+            interleaved: min(
+                _cosine(layer_keys.numpy(), own)
+                for layer_keys, own in zip(_llama_keys(keys, interleaved), own_keys, strict=True)
+            )
+            for interleaved in (False, True)
+        }
+        interleaved = max(agreement, key=agreement.__getitem__)
+        values = _stacked(cache, PROBE_TOKENS, "values")
+        values = values.permute(0, 2, 1, 3).reshape(layout.layers, PROBE_TOKENS, layout.width)
+        value_agreement = min(
+            _cosine(mine.numpy(), own) for mine, own in zip(values, own_values, strict=True)
+        )
+        if agreement[interleaved] < MIN_AGREEMENT or value_agreement < MIN_AGREEMENT:
+            return None, (
+                f"the target's keys and values are not llama.cpp's (cosine "
+                f"{agreement[interleaved]:.3f} and {value_agreement:.3f}): not a copy"
+            )
+        layout = StateLayout(**{**layout.__dict__, "heads": heads, "interleaved": interleaved})
+        importer = KvImporter(llama, layout, 0.0)
+        seconds = importer.write(cache, PROBE_TOKENS - 1, tokens)
+        importer.seconds_per_position = seconds / (PROBE_TOKENS - 1)
+        llama.eval(tokens[-1:])
+        taken_logits = _logits(llama)
+    except LayoutError as error:
+        return None, f"llama.cpp's sequence state is not one this version knows ({error})"
+    except (RuntimeError, ValueError, OSError) as error:
+        return None, f"llama.cpp refused the target's keys and values ({error})"
+    finally:
+        llama.n_tokens = 0
+    similarity = _cosine(own_logits, taken_logits)
+    if similarity < MIN_AGREEMENT:  # (random tokens: near ties make argmax a poor test)
+        return (
+            None,
+            f"llama.cpp predicts otherwise from the target's keys (cosine {similarity:.3f})",
+        )
+    return importer, (
+        f"takes the target's keys and values (checked: cosine {similarity:.4f} on the probe)"
+    )

@@ -1,0 +1,81 @@
+"""Where specrepl keeps things: the files shipped inside the package and the
+user's cache directory.
+
+Every other module asks here for a location instead of building one from
+`__file__` or the environment, so moving a file is a change to one line.
+Knows nothing of models, drafters or rendering: only the standard library.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+__all__ = [
+    "DATA_DIR",
+    "EMBEDDED_HEADS_DIR",
+    "PACKAGE_DIR",
+    "cache_root",
+    "default_chat_path",
+    "default_config_path",
+    "ends_digest",
+    "fingerprint",
+]
+
+PACKAGE_DIR = Path(__file__).resolve().parent.parent
+"""The installed `specrepl` package."""
+
+DATA_DIR = PACKAGE_DIR / "data"
+"""Data shipped with the package: the default config and the default chat."""
+
+EMBEDDED_HEADS_DIR = PACKAGE_DIR / "heads"
+"""Draft heads trained for the embedded target, shipped with the package."""
+
+_SAMPLED_BYTES = 8 << 20
+
+
+def default_config_path() -> Path:
+    """The config every entry point reads without `--config`: the embedded pair."""
+    return DATA_DIR / "default.toml"
+
+
+def default_chat_path() -> Path:
+    """The scripted chat that `replay` runs without a file of its own."""
+    return DATA_DIR / "chat.jsonl"
+
+
+def cache_root() -> Path:
+    """`$SPECREPL_CACHE_DIR`, else `$XDG_CACHE_HOME/specrepl`, else `~/.cache/specrepl`."""
+    explicit = os.environ.get("SPECREPL_CACHE_DIR")
+    if explicit:
+        return Path(explicit).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
+    return base / "specrepl"
+
+
+GGUF_KEY_FORMAT = 1
+"""Bumped when what `fingerprint` keys on changes, so old keys stop matching."""
+
+
+def fingerprint(path: str | Path) -> str:
+    """A content key for a model file: its size and the sha256 of its first and last 8 MiB.
+
+    Hashing a whole multi-GB file would cost seconds on every load; the header
+    (metadata, tensor layout) lies in the first bytes and weights fill the
+    rest, so a changed model changes the sampled bytes or the size.
+    """
+    return ends_digest(Path(path), _SAMPLED_BYTES, f"specrepl-gguf-{GGUF_KEY_FORMAT}:")
+
+
+def ends_digest(path: Path, chunk: int, label: str = "") -> str:
+    """sha256 of `label`, the file's size, and its first and last `chunk` bytes."""
+    size = path.stat().st_size
+    digest = hashlib.sha256(f"{label}{size}:".encode())
+    with path.open("rb") as file:
+        digest.update(file.read(chunk))
+        if size > chunk:
+            file.seek(max(chunk, size - chunk))
+            digest.update(file.read(chunk))
+    return digest.hexdigest()
