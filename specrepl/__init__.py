@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from specrepl.engine.results import GenerationResult, StepEvent
     from specrepl.models.pair import ModelPair, load_pair
 
-__version__ = "0.1.0"
+from specrepl.version import __version__
 
 _HOMES = {
     "engine.drafters.draft_head": ("DraftHead", "load_head", "resolve_head"),
@@ -85,6 +85,7 @@ __all__ = [
     "StepEvent",
     "TopKNucleusProcessor",
     "TopKProcessor",
+    "__version__",
     "autoregressive_generate",
     "is_copy_of",
     "load_head",

@@ -39,6 +39,7 @@ from specrepl.engine.processors import GreedyProcessor, TopKProcessor
 from specrepl.engine.prompt_cache import PromptCache
 from specrepl.models.pair import ModelPair, embedded_gguf_path
 from specrepl.models.prompting import prompt_ids
+from specrepl.store import paths
 from specrepl.testing import CountingLlama
 
 HAS_LLAMA_CPP = importlib.util.find_spec("llama_cpp") is not None
@@ -366,7 +367,7 @@ def trials(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A cache directory of its own, and no verdict remembered in this process."""
     monkeypatch.setenv("SPECREPL_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setattr(llamacpp, "_TRIED", {})
-    return tmp_path / "cache" / llamacpp.TRIALS_FILE
+    return paths.llamacpp_trials_file()
 
 
 def some_file(tmp_path: Path) -> Path:

@@ -34,12 +34,18 @@ from rich.markup import escape
 from rich.table import Table
 
 from specrepl.app.render import format_bytes
-from specrepl.engine.llamacpp import TRIALS_FILE
 from specrepl.engine.signals import EXIT_INTERRUPTED
 from specrepl.engine.widths import MAX_PLAN_AGE_DAYS
 from specrepl.models.gguf import PARTIAL_PREFIX, check_copy, discard
-from specrepl.store.paths import cache_root
-from specrepl.train.training import CHECKPOINT_FILE
+from specrepl.store.paths import (
+    DISTILL_CHECKPOINT_FILE,
+    cache_root,
+    distill_root,
+    history_file,
+    llamacpp_trials_file,
+    model_copies_dir,
+    width_plans_file,
+)
 
 __all__ = ["KINDS", "StoredItem", "add_arguments", "clear", "run", "stored_items"]
 
@@ -61,16 +67,13 @@ class StoredItem:
 
 def stored_items() -> list[StoredItem]:
     """Everything specrepl keeps, kind by kind (what does not exist is left out)."""
-    from specrepl.app.repl import default_history_path
-
-    root = cache_root()
-    items = _model_copies(root / "gguf") + _width_plans(root / "widths.json")
-    items += _distill_runs(root / "distill")
-    history = default_history_path()
+    items = _model_copies(model_copies_dir()) + _width_plans(width_plans_file())
+    items += _distill_runs(distill_root())
+    history = history_file()
     if history.is_file():
         lines = _count_lines(history)
         items.append(StoredItem("history", history, _size(history), f"{lines} lines"))
-    return items + _llamacpp_trials(root / TRIALS_FILE)
+    return items + _llamacpp_trials(llamacpp_trials_file())
 
 
 def clear(kinds: Sequence[str]) -> list[StoredItem]:
@@ -156,7 +159,7 @@ def _distill_runs(directory: Path) -> list[StoredItem]:
         parts = [f"{_count_lines(prompts)} prompts" if prompts.is_file() else "no prompts yet"]
         shards = len(list(entry.glob("shard-*.pt")))
         parts.append(f"{shards} answer shard{'s' if shards != 1 else ''}")
-        if (entry / CHECKPOINT_FILE).is_file():
+        if (entry / DISTILL_CHECKPOINT_FILE).is_file():
             parts.append("a training checkpoint")
         items.append(StoredItem("distill", entry, _size(entry), ", ".join(parts)))
     return items

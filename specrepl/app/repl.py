@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import os
 import sys
 from collections.abc import Iterator
 from contextlib import AbstractContextManager
@@ -37,6 +36,7 @@ from specrepl.app.commands import REGISTRY, CommandRegistry, Quit
 from specrepl.app.render import Renderer, loading_line, settings_line
 from specrepl.app.startup import LoadingSession, StartupFailed
 from specrepl.engine.signals import EXIT_TERMINATED, Terminated, sigterm_unwinds
+from specrepl.store.paths import history_file
 
 if TYPE_CHECKING:
     from specrepl.chat.session import ChatSession
@@ -49,7 +49,6 @@ __all__ = [
     "RegistryCompleter",
     "TerminalReader",
     "Terminated",
-    "default_history_path",
     "handle_line",
     "make_reader",
     "run",
@@ -116,17 +115,6 @@ class RegistryCompleter(Completer):
         word, options = self.registry.completions(document.text_before_cursor)
         for option in options:
             yield Completion(option, start_position=-len(word))
-
-
-def default_history_path() -> Path:
-    """`$SPECREPL_HISTORY`, else `$XDG_STATE_HOME/specrepl/history`, else
-    `~/.local/state/specrepl/history`."""
-    explicit = os.environ.get("SPECREPL_HISTORY")
-    if explicit:
-        return Path(explicit).expanduser()
-    state = os.environ.get("XDG_STATE_HOME")
-    base = Path(state).expanduser() if state else Path.home() / ".local" / "state"
-    return base / "specrepl" / "history"
 
 
 def _history(path: Path | None) -> History:
@@ -241,7 +229,7 @@ def make_reader(
     """prompt_toolkit on a terminal, plain lines otherwise."""
     stdin = stdin or sys.stdin
     if stdin.isatty():
-        return TerminalReader(session, registry, history_path=default_history_path(), stdin=stdin)
+        return TerminalReader(session, registry, history_path=history_file(), stdin=stdin)
     return PipeReader(stdin, renderer)
 
 

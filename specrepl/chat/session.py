@@ -74,7 +74,7 @@ from specrepl.models.prompting import (
     has_chat_template,
     prompt_ids,
 )
-from specrepl.store.paths import cache_root
+from specrepl.store.paths import width_plans_file
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -543,7 +543,7 @@ class ChatSession:
         `retime`) and install the plans; returns them by role ({} off a CPU)."""
         if self.pair.device.type != "cpu":
             return {}
-        store = cache_root() / "widths.json"
+        store = width_plans_file()
         plans = tune_pair_widths(self.pair, max(self.settings.gamma, 8), store=store, retime=retime)
         self._release_unneeded_drafter()  # a released drafter was loaded again to be timed
         return plans

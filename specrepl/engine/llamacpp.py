@@ -38,11 +38,10 @@ from types import ModuleType
 from typing import Any
 
 from specrepl.store.atomic import write_text_atomically
-from specrepl.store.paths import cache_root, fingerprint
+from specrepl.store.paths import fingerprint, llamacpp_trials_file
 
 __all__ = [
     "INSTALL_HINT",
-    "TRIALS_FILE",
     "LlamaCppUnavailable",
     "import_llamacpp",
     "open_gguf",
@@ -50,7 +49,6 @@ __all__ = [
 ]
 
 INSTALL_HINT = "bash scripts/setup.sh builds it"
-TRIALS_FILE = "llamacpp-trials.json"
 TRIAL_SECONDS = 120.0
 """A trial that has not ended by then is taken as failed (not stored: a busy
 machine may be the cause)."""
@@ -135,7 +133,7 @@ def trial_problem(path: Path, *, threads: int = 1) -> str | None:
     key = _trial_key(path)
     if key in _TRIED:
         return _TRIED[key]
-    store = cache_root() / TRIALS_FILE
+    store = llamacpp_trials_file()
     stored = _read_trials(store).get(key)
     if isinstance(stored, dict) and isinstance(stored.get("ok"), bool):
         problem = None if stored["ok"] else str(stored.get("problem") or "it failed")

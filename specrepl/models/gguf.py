@@ -41,7 +41,7 @@ from pathlib import Path
 import torch
 
 from specrepl.store.atomic import write_text_atomically
-from specrepl.store.paths import cache_root, ends_digest, fingerprint
+from specrepl.store.paths import ends_digest, fingerprint, model_copies_dir
 
 __all__ = [
     "CACHE_FORMAT",
@@ -79,7 +79,7 @@ def converted_copy(
     """
     start = time.perf_counter()
     gguf_path = Path(gguf_path).expanduser().resolve()
-    root = cache_root() / "gguf"
+    root = model_copies_dir()
     directory = root / f"{gguf_path.stem}-{fingerprint(gguf_path)[:20]}"
     if (directory / MARKER).is_file() or directory.exists():
         problem = check_copy(directory)
@@ -132,7 +132,7 @@ def _convert(gguf_path: Path, out: Path) -> None:
 
 def _write_marker(directory: Path, about: dict[str, object]) -> None:
     """List every file of `directory` (size and sampled checksum) in its marker."""
-    from specrepl import __version__
+    from specrepl.version import __version__
 
     files = {
         entry.name: {"size": entry.stat().st_size, "sample": _sample_digest(entry)}

@@ -14,13 +14,19 @@ from pathlib import Path
 
 __all__ = [
     "DATA_DIR",
+    "DISTILL_CHECKPOINT_FILE",
     "EMBEDDED_HEADS_DIR",
     "PACKAGE_DIR",
     "cache_root",
     "default_chat_path",
     "default_config_path",
+    "distill_root",
     "ends_digest",
     "fingerprint",
+    "history_file",
+    "llamacpp_trials_file",
+    "model_copies_dir",
+    "width_plans_file",
 ]
 
 PACKAGE_DIR = Path(__file__).resolve().parent.parent
@@ -53,6 +59,41 @@ def cache_root() -> Path:
     xdg = os.environ.get("XDG_CACHE_HOME")
     base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
     return base / "specrepl"
+
+
+def model_copies_dir() -> Path:
+    """Converted copies of GGUF models, one directory per file content key."""
+    return cache_root() / "gguf"
+
+
+def width_plans_file() -> Path:
+    """The forward-width timings, per model and machine."""
+    return cache_root() / "widths.json"
+
+
+def llamacpp_trials_file() -> Path:
+    """Whether llama.cpp ran a GGUF file here without crashing, per build, CPU and file."""
+    return cache_root() / "llamacpp-trials.json"
+
+
+def distill_root() -> Path:
+    """`distill` runs: one directory per target fingerprint."""
+    return cache_root() / "distill"
+
+
+DISTILL_CHECKPOINT_FILE = "checkpoint.pt"
+"""The training checkpoint inside a `distill` run's directory."""
+
+
+def history_file() -> Path:
+    """`$SPECREPL_HISTORY`, else `$XDG_STATE_HOME/specrepl/history`, else
+    `~/.local/state/specrepl/history`."""
+    explicit = os.environ.get("SPECREPL_HISTORY")
+    if explicit:
+        return Path(explicit).expanduser()
+    state = os.environ.get("XDG_STATE_HOME")
+    base = Path(state).expanduser() if state else Path.home() / ".local" / "state"
+    return base / "specrepl" / "history"
 
 
 GGUF_KEY_FORMAT = 1

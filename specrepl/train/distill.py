@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel
 
-from specrepl import __version__
+from specrepl.version import __version__
 from specrepl.engine.drafters.draft_head import head_parameters, save_head, target_fingerprint
 from specrepl.models.pair import ModelPair
 from specrepl.models.prompting import chat_prompt_ids

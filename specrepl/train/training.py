@@ -36,6 +36,7 @@ from transformers import PreTrainedModel
 from specrepl.engine.drafters.draft_head import DraftHead
 from specrepl.engine.signals import Terminated
 from specrepl.store.atomic import unreadable, write_atomically
+from specrepl.store.paths import DISTILL_CHECKPOINT_FILE
 
 __all__ = [
     "TrainProgress",
@@ -46,7 +47,6 @@ __all__ = [
     "train_head",
 ]
 
-CHECKPOINT_FILE = "checkpoint.pt"
 LABEL_TOP = 8  # the target's law is kept as its 8 likeliest tokens (renormalized)
 
 
@@ -255,7 +255,7 @@ def train_head(
     `work_directory` made with the same settings. Stops at the time or token
     budget; Ctrl-C or SIGTERM stops after writing a checkpoint (and is re-raised)."""
     work_directory.mkdir(parents=True, exist_ok=True)
-    checkpoint_path = work_directory / CHECKPOINT_FILE
+    checkpoint_path = work_directory / DISTILL_CHECKPOINT_FILE
     rng = random.Random(settings.seed)
     torch.manual_seed(settings.seed)
     indices = list(range(len(records)))

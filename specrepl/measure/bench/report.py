@@ -23,7 +23,7 @@ from typing import Any
 import torch
 import transformers
 
-from specrepl import __version__
+from specrepl.version import __version__
 from specrepl.engine.widths import cpu_model
 from specrepl.measure.bench.figures import (
     HF_GENERATE,
