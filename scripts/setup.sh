@@ -7,7 +7,7 @@
 #
 # llama-cpp-python is built from source (no wheel on PyPI; about 5 minutes on
 # 2 cores, once): the drafter runs the embedded model's 4-bit GGUF file in
-# llama.cpp where that measures cheaper (README, Drafters), and bench's
+# llama.cpp where that measures cheaper (docs/llamacpp.md), and bench's
 # `llamacpp` peer needs it. It needs a C++ compiler and CMake; if the build
 # fails, specrepl still installs and drafts in torch (set
 # SPECREPL_REQUIRE_LLAMACPP=1 to make a failed build an error, as CI does).

@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from specrepl.engine.drafters.draft_head import load_head, resolve_head, target_fingerprint
-from specrepl.engine.drafters.kinds import (
-    HeadDrafter,
-    HybridDrafter,
-    LookupDrafter,
-    ModelDrafter,
-    NgramDrafter,
-)
+from specrepl.engine.drafters.head import HeadDrafter
+from specrepl.engine.drafters.head_store import load_head, resolve_head, target_fingerprint
+from specrepl.engine.drafters.hybrid import HybridDrafter
+from specrepl.engine.drafters.lookup import LookupDrafter
+from specrepl.engine.drafters.model import ModelDrafter
+from specrepl.engine.drafters.ngram import NgramDrafter
 from specrepl.engine.gamma import make_policy
 from specrepl.engine.generation import autoregressive_generate, speculative_generate
 
@@ -51,11 +49,14 @@ def test_greedy_speculative_equals_the_target_on_chat_prompts(embedded_pair, pro
         "ngram, heuristic": (NgramDrafter(3), make_policy("heuristic", 6)),
         "lookup, gamma 3": (LookupDrafter(3), 3),
         "bf16 copy on the target's keys and values, auto": (
-            ModelDrafter(pair.drafter.model, copy_of_target=True),
+            ModelDrafter(pair.drafter.model, copy_of_target=True, tuning=pair.drafter.tuning),
             make_policy("auto", 8),
         ),
         "hybrid, bf16 copy on the target's keys and values, gamma 6": (
-            HybridDrafter(ModelDrafter(pair.drafter.model, copy_of_target=True), LookupDrafter(3)),
+            HybridDrafter(
+                ModelDrafter(pair.drafter.model, copy_of_target=True, tuning=pair.drafter.tuning),
+                LookupDrafter(3),
+            ),
             6,
         ),
     }
@@ -92,7 +93,7 @@ HEAD_PROMPTS = (
     "Explain what a variable is in programming, for a beginner.",
     "Write a short note thanking a neighbour for watering my garden.",
 )
-# README states the shipped head's figures; this is the floor the test holds it to
+# docs/draft-heads.md states the shipped head's figures; this is the floor the test holds it to
 # (first-draft acceptance, greedy, fixed gamma 4, 48 new tokens per prompt, pooled).
 SHIPPED_HEAD_FIRST_DRAFT_ACCEPTANCE = 0.2  # measured 0.28 (2026-11-23, 2-core AMD EPYC)
 
