@@ -1,4 +1,4 @@
-"""Entry point: `python infer.py` starts the specrepl REPL (see specrepl/cli.py)."""
+"""Entry point: `python infer.py` starts the specrepl REPL (see specrepl/app/cli.py)."""
 
 from specrepl.app.launcher import main
 

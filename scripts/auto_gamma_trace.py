@@ -17,14 +17,15 @@ import argparse
 import json
 from pathlib import Path
 
-from specrepl.chat.config import ModelSpec
-from specrepl.engine.drafters.kinds import build_drafter
+from specrepl.engine.drafters.builder import DrafterSpec, build_drafter
 from specrepl.engine.drafters.options import DrafterOptions
 from specrepl.engine.gamma import AutoGamma
 from specrepl.engine.generation import speculative_generate
 from specrepl.engine.results import StepEvent
-from specrepl.engine.widths import cpu_model, tune_pair_widths
-from specrepl.models.pair import load_pair
+from specrepl.engine.widths import cpu_model
+from specrepl.models.loading import load_pair
+from specrepl.models.specs import ModelSpec
+from specrepl.models.width_plans import tune_pair_widths
 
 PROMPTS = Path(__file__).resolve().parent.parent / "benchmarks" / "spec_bench.jsonl"
 
@@ -51,12 +52,20 @@ def main() -> int:
     )
     target = pair.target.model
     copy = pair.drafter_is_copy
-    drafter = build_drafter(DrafterOptions(kind="hybrid"), pair.drafter.model, copy_of_target=copy)
+    spec = DrafterSpec(DrafterOptions(kind="hybrid"), copy_of_target=copy)
+    drafter = build_drafter(
+        spec,
+        target=target,
+        model=pair.drafter.model,
+        target_tuning=pair.target.tuning,
+        model_tuning=pair.drafter.tuning,
+    )
 
     def run(policy: AutoGamma, on_step=None) -> None:
         result = speculative_generate(
             ids, drafter, target, gamma=policy, max_gen_len=args.max_new_tokens,
             eos_tokens_id=pair.eos_token_ids, vocab_size=pair.vocab_size, on_step=on_step,
+            tuning=pair.target.tuning,
         )  # fmt: skip
         speed = result.tokens_per_second
         print(f"{result.new_tokens} tokens in {result.steps} steps, {speed:.1f} tok/s")

@@ -17,10 +17,10 @@ import time
 
 import torch
 
-from specrepl.chat.config import ModelSpec
 from specrepl.engine.kv_cache import rollback_to
 from specrepl.engine.widths import cpu_model
-from specrepl.models.pair import load_pair
+from specrepl.models.loading import load_pair
+from specrepl.models.specs import ModelSpec
 
 LENGTHS = (64, 256, 769)
 

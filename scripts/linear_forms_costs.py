@@ -5,7 +5,7 @@ in the stock form (x Wᵀ) and weight first ((W xᵀ)ᵀ), on this machine.
 
 The forms are timed in alternating rounds in one process (a slow spell of the
 machine lands on both), as `widths.py` times them at start-up; the CPU's name
-is printed first. A measurement, not a test: see specrepl/linear_forms.py.
+is printed first. A measurement, not a test: see specrepl/engine/linear_forms.py.
 """
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ from __future__ import annotations
 import argparse
 import statistics
 
-from specrepl.chat.config import ModelSpec
-from specrepl.engine.linear_forms import allow_forms
 from specrepl.engine.widths import cpu_model, measure_width_samples
-from specrepl.models.pair import load_pair
+from specrepl.models.loading import load_pair
+from specrepl.models.specs import ModelSpec
+from specrepl.models.tuning import allow_linear_forms
 
 
 def main() -> int:
@@ -31,7 +31,7 @@ def main() -> int:
     every = frozenset(range(1, args.max_width + 1))
     for role, loaded in (("target", pair.target), ("drafter", pair.drafter)):
         model = loaded.model
-        allow_forms(model)
+        allow_linear_forms(model, loaded.tuning)
         times: dict[str, dict[int, list[float]]] = {"stock": {}, "weight first": {}}
         for _ in range(args.rounds):
             for form, rows in (("stock", frozenset()), ("weight first", every)):

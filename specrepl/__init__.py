@@ -15,8 +15,11 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from specrepl.chat.settings import Settings
-    from specrepl.engine.drafters.draft_head import DraftHead, load_head, resolve_head
-    from specrepl.engine.drafters.kinds import Drafter, HeadDrafter, ModelDrafter, is_copy_of
+    from specrepl.engine.drafters.base import Drafter
+    from specrepl.engine.drafters.draft_head import DraftHead
+    from specrepl.engine.drafters.head import HeadDrafter
+    from specrepl.engine.drafters.head_store import load_head, resolve_head
+    from specrepl.engine.drafters.model import ModelDrafter, is_copy_of
     from specrepl.engine.generation import (
         ContextTooLongError,
         GenerationInterrupted,
@@ -36,13 +39,17 @@ if TYPE_CHECKING:
     )
     from specrepl.engine.prompt_cache import PromptCache
     from specrepl.engine.results import GenerationResult, StepEvent
-    from specrepl.models.pair import ModelPair, load_pair
+    from specrepl.models.loading import load_pair
+    from specrepl.models.pair import ModelPair
 
-from specrepl.version import __version__
+from specrepl.version import __version__ as __version__
 
 _HOMES = {
-    "engine.drafters.draft_head": ("DraftHead", "load_head", "resolve_head"),
-    "engine.drafters.kinds": ("Drafter", "HeadDrafter", "ModelDrafter", "is_copy_of"),
+    "engine.drafters.base": ("Drafter",),
+    "engine.drafters.draft_head": ("DraftHead",),
+    "engine.drafters.head": ("HeadDrafter",),
+    "engine.drafters.head_store": ("load_head", "resolve_head"),
+    "engine.drafters.model": ("ModelDrafter", "is_copy_of"),
     "engine.generation": (
         "ContextTooLongError",
         "GenerationInterrupted",
@@ -51,7 +58,8 @@ _HOMES = {
         "stream_autoregressive",
         "stream_speculative",
     ),
-    "models.pair": ("ModelPair", "load_pair"),
+    "models.loading": ("load_pair",),
+    "models.pair": ("ModelPair",),
     "engine.processors": (
         "GreedyProcessor",
         "LogitsProcessor",
@@ -85,7 +93,6 @@ __all__ = [
     "StepEvent",
     "TopKNucleusProcessor",
     "TopKProcessor",
-    "__version__",
     "autoregressive_generate",
     "is_copy_of",
     "load_head",

@@ -45,8 +45,8 @@ def pair():
 @pytest.fixture(scope="session")
 def embedded_pair(embedded_cache_dir: str):
     """The embedded SmolLM2-135M pair (fp32 target, bf16 drafter), loaded once."""
-    from specrepl.chat.config import ModelSpec
-    from specrepl.models.pair import load_pair
+    from specrepl.models.loading import load_pair
+    from specrepl.models.specs import ModelSpec
 
     return load_pair("embedded", ModelSpec("embedded", dtype="bfloat16"))
 
@@ -120,7 +120,7 @@ def llama():
     import importlib.util
 
     from specrepl.engine.llamacpp import open_gguf
-    from specrepl.models.pair import embedded_gguf_path
+    from specrepl.models.embedded import embedded_gguf_path
 
     if importlib.util.find_spec("llama_cpp") is None:
         if os.environ.get("SPECREPL_REQUIRE_LLAMACPP") == "1":

@@ -12,26 +12,22 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+from specrepl.chat.settings import Settings
 from specrepl.engine.gamma import expected_tokens
 from specrepl.engine.output_match import compare_outputs
-from specrepl.engine.processors import MultinomialProcessor
 from specrepl.engine.results import StepEvent
 from specrepl.measure.bench import command, tables
 from specrepl.measure.bench import prompts as bench_prompts
 from specrepl.measure.bench.command import parse_sweep
-from specrepl.measure.bench.figures import (
-    Method,
-    MethodRun,
-    PromptRecord,
-    predict_from_steps,
-    predicted_speedup,
-    summarize,
-    summarize_turns,
-)
+from specrepl.measure.bench.figures import Method, MethodRun, PromptRecord
 from specrepl.measure.bench.markdown import run_markdown
+from specrepl.measure.bench.options import BenchOptions
+from specrepl.measure.bench.peers import HfPeer
+from specrepl.measure.bench.prediction import predict_from_steps, predicted_speedup
 from specrepl.measure.bench.prompts import BenchError, BenchPrompt, conversations, load_prompts
 from specrepl.measure.bench.report import BenchReport
-from specrepl.measure.bench.runner import Benchmark, BenchOptions, GammaSpec
+from specrepl.measure.bench.runner import Benchmark
+from specrepl.measure.bench.summary import summarize, summarize_turns
 from specrepl.models.pair import ModelPair
 from specrepl.testing import perturbed_copy, tiny_llama, tiny_tokenizer
 
@@ -118,7 +114,7 @@ def test_default_prompts_ship_with_the_repository(tmp_path: Path) -> None:
     found, _ = bench_prompts.default_prompts_path()
     assert (
         found
-        == Path(bench_prompts.__file__).resolve().parents[2] / "benchmarks" / "spec_bench.jsonl"
+        == Path(bench_prompts.__file__).resolve().parents[3] / "benchmarks" / "spec_bench.jsonl"
     )
     assert len(load_prompts(found)) == 480
     repo = tmp_path / "repo"  # an installed package without the file: the working directory's
@@ -144,8 +140,8 @@ def test_gamma_flag_values() -> None:
     assert gamma_choice("auto") == ("auto", None)
     assert gamma_choice("Auto:8") == ("auto", 8)
     assert gamma_choice("fixed:2") == ("fixed", 2)
-    assert GammaSpec("fixed", 2).build().next_gamma() == 2
-    assert GammaSpec("confidence", 5).build().min_confidence > 0
+    assert Settings(gamma_policy="fixed", gamma=2).gamma_policy_object().next_gamma() == 2
+    assert Settings(gamma_policy="confidence", gamma=5).gamma_policy_object().min_confidence > 0
     for bad in ("fast", "auto:x", "1_0", "٣"):
         with pytest.raises(ValueError, match=r"expected an integer|not an integer"):
             gamma_choice(bad)
@@ -253,7 +249,10 @@ def test_first_draft_acceptance_and_draft_cost_per_target_step() -> None:
 def test_benchmark_greedy_with_peers_and_sweep(pair: ModelPair, prompts_file: Path) -> None:
     prompts = load_prompts(prompts_file, limit=2)
     options = BenchOptions(
-        max_new_tokens=12, gamma=GammaSpec("fixed", 3), peers=("hf",), sweep=(1, 2), warmup=1
+        Settings(max_new_tokens=12, gamma_policy="fixed", gamma=3),
+        peers=("hf",),
+        sweep=(1, 2),
+        warmup=1,
     )
     benchmark = Benchmark(pair, options)
     names = [method.name for method in benchmark.methods]
@@ -355,15 +354,15 @@ def test_benchmark_greedy_with_peers_and_sweep(pair: ModelPair, prompts_file: Pa
 @pytest.mark.parametrize("kind", ["ngram", "lookup", "hybrid"])
 def test_other_drafters_and_sampling(pair: ModelPair, prompts_file: Path, kind) -> None:
     prompts = load_prompts(prompts_file, categories=["summarization"], limit=1)
-    greedy = Benchmark(pair, BenchOptions(max_new_tokens=10, drafter_kind=kind, warmup=0))
+    greedy = Benchmark(pair, BenchOptions(Settings(max_new_tokens=10, drafter_kind=kind), warmup=0))
     (record,) = greedy.run(prompts)
     assert record.runs["speculative"].identical
     sampled = Benchmark(
         pair,
         BenchOptions(
-            max_new_tokens=10,
-            drafter_kind=kind,
-            processor=MultinomialProcessor(0.8),
+            Settings(
+                max_new_tokens=10, drafter_kind=kind, processor="multinomial", temperature=0.8
+            ),
             peers=("hf",),
             warmup=0,
         ),
@@ -373,13 +372,13 @@ def test_other_drafters_and_sampling(pair: ModelPair, prompts_file: Path, kind) 
     match = record.runs["speculative"].match
     assert match is not None and not match.greedy and not match.alarming
     assert match.describe() in ("differs by design (sampling)", "identical (sampling)")
-    assert sampled.hf_options["do_sample"] is True
-    assert sampled.hf_options["top_k"] == 0 and sampled.hf_options["top_p"] == 1.0
+    assert sampled.hf.generate_options["do_sample"] is True
+    assert sampled.hf.generate_options["top_k"] == 0 and sampled.hf.generate_options["top_p"] == 1.0
 
 
 def test_mismatches_are_reported_not_hidden(pair: ModelPair, prompts_file: Path) -> None:
     prompts = load_prompts(prompts_file, categories=["summarization"], limit=2)
-    benchmark = Benchmark(pair, BenchOptions(max_new_tokens=8, warmup=0))
+    benchmark = Benchmark(pair, BenchOptions(Settings(max_new_tokens=8), warmup=0))
     records = benchmark.run(prompts)
     broken = records[0].runs["speculative"]
     target = records[0].runs["target"].token_ids
@@ -424,7 +423,7 @@ def test_a_two_turn_question_runs_as_two_turns_with_the_first_answer_in_context(
     pair: ModelPair, prompts_file: Path, monkeypatch
 ) -> None:
     prompts = load_prompts(prompts_file, limit=1, categories=["writing"])
-    benchmark = Benchmark(pair, BenchOptions(max_new_tokens=8, peers=("hf",), warmup=0))
+    benchmark = Benchmark(pair, BenchOptions(Settings(max_new_tokens=8), peers=("hf",), warmup=0))
     given = _ids_per_method(benchmark, monkeypatch)
     first, second = benchmark.run(prompts)
     assert (first.key, second.key) == ("writing/1#1", "writing/1#2")
@@ -453,7 +452,8 @@ def test_a_two_turn_question_runs_as_two_turns_with_the_first_answer_in_context(
 
 def test_chat_keeps_caches_from_turn_to_turn(pair: ModelPair, prompts_file: Path) -> None:
     prompts = load_prompts(prompts_file, limit=1)
-    options = BenchOptions(max_new_tokens=8, gamma=GammaSpec("fixed", 3), sweep=(2,), warmup=1)
+    settings = Settings(max_new_tokens=8, gamma_policy="fixed", gamma=3)
+    options = BenchOptions(settings, sweep=(2,), warmup=1)
     benchmark = Benchmark(pair, replace(options, conversation=True))
     records = benchmark.run(prompts)
     assert [record.key for record in records] == [
@@ -493,7 +493,8 @@ def test_chat_keeps_caches_from_turn_to_turn(pair: ModelPair, prompts_file: Path
 def test_a_chat_that_outgrows_the_context_drops_its_oldest_turns(pair: ModelPair) -> None:
     prompt = BenchPrompt(1, "writing", tuple(f"w{n} w{n + 1} w{n + 2}" for n in range(8, 28, 2)))
     room = pair.context_length - 40
-    benchmark = Benchmark(pair, BenchOptions(max_new_tokens=room, warmup=0, tune_widths=False))
+    options = BenchOptions(Settings(max_new_tokens=room), warmup=0, tune_widths=False)
+    benchmark = Benchmark(pair, options)
     records = benchmark.run([prompt])
     assert len(records) == 10 and not benchmark.skipped
     assert [record.earlier_turns for record in records] == list(range(10))
@@ -527,7 +528,8 @@ def test_turn_groups_are_summed_up_apart() -> None:
 
 def test_turn_groups_in_the_tables_markdown_and_json(pair: ModelPair, prompts_file: Path) -> None:
     prompts = load_prompts(prompts_file, limit=1)
-    benchmark = Benchmark(pair, BenchOptions(max_new_tokens=6, warmup=0, long_input_tokens=20))
+    options = BenchOptions(Settings(max_new_tokens=6), warmup=0, long_input_tokens=20)
+    benchmark = Benchmark(pair, options)
     benchmark.run(prompts)
     report = BenchReport.build(benchmark)
     payload = json.loads(json.dumps(report.to_dict(), allow_nan=False))
@@ -555,8 +557,9 @@ def test_turn_groups_in_the_tables_markdown_and_json(pair: ModelPair, prompts_fi
 def test_model_drafter_needs_a_drafter_model(pair: ModelPair) -> None:
     alone = ModelPair.from_models(pair.target.model, None, pair.tokenizer)
     with pytest.raises(BenchError, match="needs a drafter model"):
-        Benchmark(alone, BenchOptions(drafter_kind="model"))
-    methods = Benchmark(alone, BenchOptions(drafter_kind="lookup", peers=("hf",))).methods
+        Benchmark(alone, BenchOptions(Settings(drafter_kind="model")))
+    lookup = BenchOptions(Settings(drafter_kind="lookup"), peers=("hf",))
+    methods = Benchmark(alone, lookup).methods
     assert [method.name for method in methods] == [
         "target",
         "speculative",
@@ -583,18 +586,22 @@ def test_flags_shared_with_the_main_parser_do_not_overwrite_it() -> None:
     assert args.gamma == ("auto", 6)
 
 
-def test_the_confidence_policy_runs_with_the_threshold_asked_for(prompts_file: Path) -> None:
-    from specrepl.chat.settings import Settings
-
+def test_the_confidence_policy_runs_with_the_threshold_asked_for(
+    pair: ModelPair, prompts_file: Path
+) -> None:
     args = _parse(
         "--prompts", str(prompts_file), "--gamma-policy", "confidence", "--confidence", "0.7"
     )
     options = command._plan(args).options
-    assert options.gamma.policy == "confidence"
-    assert options.gamma.build().min_confidence == 0.7  # the REPL's flag, not the default
+    assert options.settings.gamma_policy == "confidence"
     assert options.to_dict()["gamma"]["confidence"] == 0.7
+    benchmark = Benchmark(pair, options)
+    (speculative,) = [method for method in benchmark.methods if method.name == "speculative"]
+    policy = benchmark._policy(speculative)
+    assert policy.min_confidence == 0.7  # the REPL's flag, not the default
     session_policy = Settings(gamma_policy="confidence", confidence=0.7).gamma_policy_object()
-    assert options.gamma.build().min_confidence == session_policy.min_confidence
+    assert policy.min_confidence == session_policy.min_confidence
+    assert benchmark.hf.matched_assistant()["assistant_confidence_threshold"] == 0.7
 
 
 def test_run_end_to_end(pair: ModelPair, prompts_file: Path, tmp_path: Path) -> None:
@@ -694,7 +701,8 @@ def test_chart_needs_matplotlib(monkeypatch, prompts_file: Path, tmp_path: Path)
 
 
 def test_lookup_peers_only(pair: ModelPair) -> None:
-    methods = Benchmark(pair, BenchOptions(drafter_kind="lookup", peers=("hf-lookup",))).methods
+    options = BenchOptions(Settings(drafter_kind="lookup"), peers=("hf-lookup",))
+    methods = Benchmark(pair, options).methods
     assert [method.name for method in methods] == [
         "target",
         "speculative",
@@ -719,7 +727,8 @@ def test_compiled_peer_is_compiled_first_and_matches_the_target(
     compiled once before the timed runs (its seconds reported apart), then
     timed like every method, with the target's greedy tokens."""
     prompts = load_prompts(prompts_file, limit=1)
-    options = BenchOptions(max_new_tokens=8, peers=("hf-compiled",), warmup=0, tune_widths=False)
+    settings = Settings(max_new_tokens=8)
+    options = BenchOptions(settings, peers=("hf-compiled",), warmup=0, tune_widths=False)
     benchmark = Benchmark(pair, options)
     assert [m.name for m in benchmark.methods] == [
         "target",
@@ -743,7 +752,7 @@ def test_a_peer_that_cannot_compile_is_dropped_with_the_reason(
 ) -> None:
     prompts = load_prompts(prompts_file, limit=1)
     options = BenchOptions(
-        max_new_tokens=4,
+        Settings(max_new_tokens=4),
         peers=("hf-compiled",),
         warmup=0,
         tune_widths=False,
@@ -768,9 +777,10 @@ def test_a_peer_that_fails_midway_is_dropped_and_the_rest_goes_on(
     """A third-party failure on a later prompt costs that peer, not the benchmark:
     its earlier runs go too (no figure from part of the prompts), with the reason."""
     prompts = load_prompts(prompts_file)
-    options = BenchOptions(max_new_tokens=4, peers=("hf-lookup",), warmup=1, tune_widths=False)
+    settings = Settings(max_new_tokens=4)
+    options = BenchOptions(settings, peers=("hf-lookup",), warmup=1, tune_widths=False)
     benchmark = Benchmark(pair, options)
-    real_hf = Benchmark._hf
+    real_hf = HfPeer.run
     calls = {"lookup": 0}
 
     def flaky_hf(self, method, ids, budget, seed):
@@ -780,7 +790,7 @@ def test_a_peer_that_fails_midway_is_dropped_and_the_rest_goes_on(
                 raise RuntimeError("the library crashed\nwith a long trace")
         return real_hf(self, method, ids, budget, seed)
 
-    monkeypatch.setattr(Benchmark, "_hf", flaky_hf)
+    monkeypatch.setattr(HfPeer, "run", flaky_hf)
     records = benchmark.run(prompts)
     assert len(records) == sum(len(prompt.turns) for prompt in prompts)
     assert benchmark.unavailable == {  # the second turn of the first question

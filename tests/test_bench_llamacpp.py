@@ -12,21 +12,22 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-import specrepl.engine.drafters.llamacpp as llamacpp_drafter
+import specrepl.engine.drafters.runtime as runtime_choice
 from specrepl.chat.session import ChatSession
 from specrepl.chat.settings import Settings
-from specrepl.engine.drafters.kinds import HybridDrafter
+from specrepl.engine.drafters.hybrid import HybridDrafter
 from specrepl.engine.drafters.llamacpp import LlamaCppDrafter
-from specrepl.engine.drafters.options import DrafterOptions
 from specrepl.engine.processors import GreedyProcessor, NucleusProcessor, TopKProcessor
-from specrepl.engine.widths import WidthPlan, clear_width_plan, set_width_plan
+from specrepl.engine.widths import WidthPlan
 from specrepl.measure.bench import llamacpp, tables
 from specrepl.measure.bench.llamacpp import LlamaCppUnavailable, open_llamacpp, sampling_options
 from specrepl.measure.bench.markdown import LLAMACPP_NOTE, run_markdown
+from specrepl.measure.bench.options import BenchOptions
 from specrepl.measure.bench.prompts import BenchError, BenchPrompt
 from specrepl.measure.bench.report import BenchReport
-from specrepl.measure.bench.runner import Benchmark, BenchOptions, GammaSpec
-from specrepl.models.pair import ModelPair, embedded_gguf_path
+from specrepl.measure.bench.runner import Benchmark
+from specrepl.models.embedded import embedded_gguf_path
+from specrepl.models.pair import ModelPair
 
 HAS_LLAMA_CPP = importlib.util.find_spec("llama_cpp") is not None
 
@@ -45,7 +46,8 @@ def test_sampling_options_follow_the_decoding_rule() -> None:
 
 def test_a_target_without_a_gguf_file_reports_the_peer_unavailable(pair: ModelPair) -> None:
     """The tiny pair is built in memory: no GGUF file for llama.cpp to run."""
-    options = BenchOptions(max_new_tokens=4, peers=("llamacpp",), warmup=0, tune_widths=False)
+    settings = Settings(max_new_tokens=4)
+    options = BenchOptions(settings, peers=("llamacpp",), warmup=0, tune_widths=False)
     benchmark = Benchmark(pair, options)
     assert [m.name for m in benchmark.methods] == [
         "target",
@@ -84,9 +86,7 @@ def test_llamacpp_runs_the_embedded_gguf_beside_specrepl(embedded_pair: ModelPai
     arithmetic starts the answer as specrepl's float32 target does."""
     assert embedded_pair.target.gguf == embedded_gguf_path()
     options = BenchOptions(
-        max_new_tokens=24,
-        gamma=GammaSpec("fixed", 4),
-        drafter_kind="lookup",
+        Settings(max_new_tokens=24, gamma_policy="fixed", gamma=4, drafter_kind="lookup"),
         peers=("llamacpp",),
         warmup=0,
         tune_widths=False,
@@ -120,11 +120,15 @@ def test_a_chat_keeps_the_llamacpp_drafters_state_from_turn_to_turn(
 ) -> None:
     """`bench --chat` with the drafter model in llama.cpp: each later turn starts from
     what the last one left, in the target's cache and in llama.cpp's, and stays exact."""
-    options = BenchOptions(
+    settings = Settings(
         max_new_tokens=6,
-        gamma=GammaSpec("fixed", 3),
+        gamma_policy="fixed",
+        gamma=3,
         drafter_kind="model",
-        drafter=DrafterOptions(runtime="llamacpp"),
+        drafter_runtime="llamacpp",
+    )
+    options = BenchOptions(
+        settings,
         warmup=1,
         tune_widths=False,
         conversation=True,
@@ -156,21 +160,19 @@ def test_bench_and_the_repl_build_the_same_llamacpp_drafter(
     automatic window the target's timed step gives (bench once built it before
     the widths were timed, and its drafter read long prompts whole while the
     REPL's read a window)."""
-    target = embedded_pair.target.model
+    tuning = embedded_pair.target.tuning
     if not takes_keys:
         monkeypatch.setattr(
-            llamacpp_drafter, "probe_importer", lambda llama, target: (None, "refused here")
+            runtime_choice, "probe_importer", lambda llama, target: (None, "refused here")
         )
-    set_width_plan(target, WidthPlan(seconds={1: 0.03, 2: 0.04}, padded={}))
+    tuning.plan = WidthPlan(seconds={1: 0.03, 2: 0.04}, padded={})
     try:
         settings = Settings(drafter_kind="hybrid", drafter_runtime="llamacpp")
         repl = ChatSession(embedded_pair, settings)._drafter(settings)
-        options = BenchOptions(
-            drafter_kind="hybrid", drafter=DrafterOptions(runtime="llamacpp"), tune_widths=False
-        )
+        options = BenchOptions(settings, tune_widths=False)
         bench = Benchmark(embedded_pair, options)._build_drafter(keep_between_prompts=False)
     finally:
-        clear_width_plan(target)
+        tuning.plan = None
     for drafter in (repl, bench):
         assert isinstance(drafter, HybridDrafter)
         assert isinstance(drafter.model, LlamaCppDrafter)

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from specrepl.app.commands import REGISTRY
+from specrepl.app.commands.registry import REGISTRY
 from specrepl.chat.answers import Answer
 from specrepl.chat.session import ChatSession
 from specrepl.chat.settings import Settings
@@ -127,7 +127,7 @@ def test_config_and_the_summary_show_what_the_caches_kept(pair: ModelPair) -> No
 
     from rich.console import Console
 
-    from specrepl.app.render import Renderer
+    from specrepl.app.render.repl import Renderer
 
     session = ChatSession(pair, Settings(max_new_tokens=6))
     console = Console(file=io.StringIO(), width=160, record=True)

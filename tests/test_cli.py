@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from specrepl.app import cli
-from specrepl.chat.flags import SETTING_FLAGS
+from specrepl.chat.flags import SETTING_FLAGS, add_setting_options, app_config
 from specrepl.chat.settings import Settings
 from specrepl.testing import tiny_llama, tiny_tokenizer
 
@@ -76,7 +76,7 @@ def test_flags_override_the_config(config_file: Path) -> None:
             "--system-prompt", "Be brief.",
         ]
     )  # fmt: skip
-    config = cli.app_config(args)
+    config = app_config(args)
     assert config.settings == Settings(
         gamma=6,
         gamma_policy="fixed",  # `--gamma N` is fixed, as `/gamma N` is
@@ -95,14 +95,14 @@ def test_flags_override_the_config(config_file: Path) -> None:
     assert config.drafter is not None
     assert config.drafter.quantize == "8bit" and config.drafter.dtype == "auto"
     assert config.trust_remote_code is True
-    untouched = cli.app_config(cli.build_parser().parse_args(["--config", str(config_file)]))
+    untouched = app_config(cli.build_parser().parse_args(["--config", str(config_file)]))
     assert untouched.settings == Settings(max_new_tokens=8, gamma=3)
     assert untouched.trust_remote_code is False
-    no_drafter = cli.app_config(
+    no_drafter = app_config(
         cli.build_parser().parse_args(["--config", str(config_file), "--drafter", "none"])
     )
     assert no_drafter.drafter is None
-    template_default = cli.app_config(
+    template_default = app_config(
         cli.build_parser().parse_args(["--config", str(config_file), "--system-prompt", "none"])
     )
     assert template_default.settings.system_prompt is None
@@ -119,9 +119,9 @@ def test_every_setting_is_reached_by_its_flag(
         elif value == flag.switch:
             argv.append(flag.flag)
     assert [flag.setting for flag in SETTING_FLAGS] == Settings.names()
-    assert cli.app_config(cli.build_parser().parse_args(argv)).settings == every_setting_changed
+    assert app_config(cli.build_parser().parse_args(argv)).settings == every_setting_changed
     after = cli.parse_arguments(["soak", *argv])  # the same flags after a subcommand
-    assert cli.app_config(after).settings == every_setting_changed
+    assert app_config(after).settings == every_setting_changed
 
 
 @pytest.mark.parametrize(
@@ -284,7 +284,7 @@ def test_subcommands_can_be_added(
     seen: list[argparse.Namespace] = []
 
     def configure(parser: argparse.ArgumentParser) -> None:
-        cli.add_setting_options(parser)
+        add_setting_options(parser)
         parser.add_argument("--rounds", type=int, default=1)
 
     def execute(args: argparse.Namespace) -> int:
@@ -472,7 +472,7 @@ def test_soak_and_replay_take_the_setting_flags_after_their_name(tiny_config_fil
         args = cli.parse_arguments(
             ["--gamma", "5", name, "--config", str(tiny_config_file), "--drafter-kind", "lookup"]
         )
-        settings = cli.app_config(args).settings
+        settings = app_config(args).settings
         assert (settings.gamma, settings.gamma_policy, settings.drafter_kind) == (
             5, "fixed", "lookup"
         )  # fmt: skip

@@ -8,21 +8,18 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from specrepl.app.commands import (
-    REGISTRY,
-    Argument,
+from specrepl.app.commands.registry import REGISTRY, Argument, Command, CommandRegistry, ShowHelp
+from specrepl.app.commands.results import (
     ClearScreen,
-    Command,
     CommandFailed,
-    CommandRegistry,
     HistoryCleared,
     Quit,
     SettingsChanged,
-    ShowHelp,
     ShowModels,
     ShowSettings,
+    ShowWidths,
 )
-from specrepl.app.render import Renderer
+from specrepl.app.render.repl import Renderer
 from specrepl.chat.session import ChatSession
 from specrepl.chat.settings import DRAFTER_KINDS, DRAFTER_SETTINGS, GAMMA_MAX, Settings
 from specrepl.engine.processors import PROCESSORS
@@ -391,10 +388,7 @@ def test_lines_that_are_commands() -> None:
 
 
 def test_widths_shows_each_models_plan_and_retime_measures_again(session: ChatSession) -> None:
-    from specrepl.app.commands import ShowWidths
-    from specrepl.engine.widths import clear_width_plan
-
-    clear_width_plan(session.pair.target.model)
+    session.pair.target.tuning.plan = None
     shown = REGISTRY.dispatch(session, "/widths")
     assert isinstance(shown, ShowWidths) and not shown.measured
     assert shown.plans["target"] is None and set(shown.plans) == {"target", "drafter"}

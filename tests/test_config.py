@@ -10,14 +10,11 @@ from typing import Any
 
 import pytest
 
-from specrepl.chat.config import (
-    ConfigError,
-    ModelSpec,
-    default_config_path,
-    load_config,
-)
+from specrepl.chat.config import ConfigError, load_config
 from specrepl.chat.settings import DRAFTER_SETTINGS, SETTING_NAMES, Settings
 from specrepl.engine.drafters.options import DrafterOptions
+from specrepl.models.specs import ModelSpec
+from specrepl.store.paths import default_config_path
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 PRESETS = {

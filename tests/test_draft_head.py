@@ -10,19 +10,18 @@ from pathlib import Path
 import pytest
 import torch
 
-from specrepl.app.commands import REGISTRY
+from specrepl.app.commands.registry import REGISTRY
 from specrepl.chat.session import ChatSession
 from specrepl.chat.settings import SettingError, Settings
-from specrepl.engine.drafters.draft_head import (
-    DraftHead,
-    HeadCache,
+from specrepl.engine.drafters.draft_head import DraftHead, HeadCache
+from specrepl.engine.drafters.head import HeadDrafter
+from specrepl.engine.drafters.head_store import (
     HeadLoadError,
     load_head,
     resolve_head,
     save_head,
     target_fingerprint,
 )
-from specrepl.engine.drafters.kinds import HeadDrafter
 from specrepl.engine.generation import autoregressive_generate, speculative_generate
 from specrepl.models.pair import ModelPair
 from specrepl.testing import tiny_head, tiny_llama, tiny_tokenizer

@@ -8,19 +8,14 @@ import functools
 import pytest
 import torch
 from transformers import LlamaForCausalLM
-from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from specrepl.engine import copy_attention
-from specrepl.engine.drafters import kinds as drafters
-from specrepl.engine.drafters.kinds import (
-    HeadDrafter,
-    HybridDrafter,
-    LookupDrafter,
-    ModelDrafter,
-    NgramDrafter,
-    build_drafter,
-    is_copy_of,
-)
+from specrepl.engine.drafters.base import Draft, Drafter
+from specrepl.engine.drafters.builder import DrafterSpec, build_drafter
+from specrepl.engine.drafters.head import HeadDrafter
+from specrepl.engine.drafters.hybrid import HybridDrafter
+from specrepl.engine.drafters.lookup import LookupDrafter
+from specrepl.engine.drafters.model import ModelDrafter, is_copy_of
+from specrepl.engine.drafters.ngram import NgramDrafter
 from specrepl.engine.drafters.options import DrafterOptions
 from specrepl.engine.forward import forward_logits
 from specrepl.engine.gamma import AutoGamma, HeuristicGamma, expected_tokens, make_policy
@@ -402,19 +397,21 @@ def test_a_copy_of_the_target_takes_its_keys_and_values_and_never_reads_a_prompt
     assert not is_copy_of(perturbed_copy(target, 0.1, seed=1), target)
     options = DrafterOptions(kind="model")
     perturbed = perturbed_copy(target, 0.1, seed=1)
-    assert build_drafter(options, copy, copy_of_target=is_copy_of(copy, target)).uses_target_cache
-    assert not build_drafter(
-        options, perturbed, copy_of_target=is_copy_of(perturbed, target)
-    ).uses_target_cache
-    assert not build_drafter(options, copy).uses_target_cache
-    assert not build_drafter(options, copy, copy_of_target=True, use_cache=False).uses_target_cache
+
+    def built(model: torch.nn.Module, **spec: bool) -> Drafter:
+        return build_drafter(DrafterSpec(options, **spec), target=target, model=model)
+
+    assert built(copy, copy_of_target=is_copy_of(copy, target)).uses_target_cache
+    assert not built(perturbed, copy_of_target=is_copy_of(perturbed, target)).uses_target_cache
+    assert not built(copy).uses_target_cache
+    assert not built(copy, copy_of_target=True, use_cache=False).uses_target_cache
 
     fed: list[int] = []
     hook = copy.register_forward_pre_hook(
         lambda module, args, kwargs: fed.append(kwargs["input_ids"].shape[-1]), with_kwargs=True
     )
     try:
-        drafter = build_drafter(options, copy, copy_of_target=True)
+        drafter = built(copy, copy_of_target=True)
         drafter.cache_dtype = torch.bfloat16  # cast, whatever this machine measures
         prompt = PROMPTS[0]
         events: list[StepEvent] = []
@@ -449,79 +446,10 @@ def test_a_copy_without_the_targets_cache_reads_for_itself(target) -> None:
     assert result.token_ids == autoregressive_generate(prompt, target, max_gen_len=20).token_ids
 
 
-def _bf16_copy(target) -> LlamaForCausalLM:
-    """The target's weights in bfloat16, with a config of its own."""
-    copy = LlamaForCausalLM(copy_module.deepcopy(target.config))
-    copy.load_state_dict(target.state_dict())
-    return copy.to(torch.bfloat16).eval()
-
-
-@pytest.mark.parametrize("gamma", [1, 3, 8])
-@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16])
-def test_a_bf16_copy_attending_in_either_dtype_keeps_the_target_output(
-    target, references, cache_dtype, gamma
-) -> None:
-    """The copy keeps the target's float32 keys and values uncast and attends in
-    float32, or casts them to bfloat16: the output is the target's either way."""
-    drafter = ModelDrafter(_bf16_copy(target), copy_of_target=True, cache_dtype=cache_dtype)
-    events: list[StepEvent] = []
-    for prompt in PROMPTS:
-        result = speculative_generate(
-            prompt, drafter, target, gamma=gamma, max_gen_len=40, on_step=events.append
-        )
-        assert result.token_ids == references[tuple(prompt)]
-        held = drafter.cache
-        assert held is not None
-        assert {layer.keys.dtype for layer in held.layers} == {cache_dtype}
-    assert sum(event.accepted for event in events) > 0
-
-
-@pytest.mark.parametrize("cheaper", [torch.float32, torch.bfloat16])
-def test_the_copy_keeps_the_dtype_measured_cheaper_here(target, monkeypatch, cheaper) -> None:
-    dearer = torch.bfloat16 if cheaper == torch.float32 else torch.float32
-    measured: list[torch.dtype] = []
-
-    def measure(model, cache_dtype):
-        measured.append(cache_dtype)
-        return {cheaper: 1e-4, dearer: 2e-4}
-
-    monkeypatch.setattr(drafters, "measure_attention", measure)
-    copy = _bf16_copy(target)
-    drafter = ModelDrafter(copy, copy_of_target=True)
-    for prompt in PROMPTS:
-        speculative_generate(prompt, drafter, target, gamma=4, max_gen_len=12)
-    assert measured == [torch.float32]  # once, at the first copy
-    assert drafter.cache_dtype == cheaper
-    assert drafter.cache is not None and drafter.cache.layers[0].keys.dtype == cheaper
-    attends_as_cached = copy.config._attn_implementation == copy_attention.ATTENTION
-    assert attends_as_cached == (cheaper == torch.float32)
-
-
-def test_attention_in_the_cache_dtype_is_sdpa_in_that_dtype(target) -> None:
-    module = next(m for m in target.modules() if hasattr(m, "num_key_value_groups"))
-    generator = torch.Generator().manual_seed(0)
-    heads, kv_heads = target.config.num_attention_heads, target.config.num_key_value_heads
-    query = torch.randn(1, heads, 3, module.head_dim, generator=generator)
-    keys = torch.randn(1, kv_heads, 9, module.head_dim, generator=generator)
-    values = torch.randn(1, kv_heads, 9, module.head_dim, generator=generator)
-    attend = copy_attention._attention_in_cache_dtype
-    same, _ = attend(module, query.bfloat16(), keys.bfloat16(), values.bfloat16(), None)
-    stock, _ = sdpa_attention_forward(
-        module, query.bfloat16(), keys.bfloat16(), values.bfloat16(), None
-    )
-    assert torch.equal(same, stock)
-    upcast, _ = attend(module, query.bfloat16(), keys, values, None)
-    in_float32, _ = sdpa_attention_forward(module, query.bfloat16().float(), keys, values, None)
-    assert upcast.dtype == torch.bfloat16
-    assert torch.equal(upcast, in_float32.bfloat16())
-    costs = copy_attention.measure_attention(_bf16_copy(target), torch.float32, repeats=2)
-    assert set(costs) == {torch.bfloat16, torch.float32} and min(costs.values()) > 0
-
-
 # -- the interface: what a drafter needs is declared on it ---------------------
 
 
-class RecordingDrafter(drafters.Drafter):
+class RecordingDrafter(Drafter):
     """Drafts the last token again, recording what `update` was given."""
 
     name = "recording"
@@ -535,7 +463,7 @@ class RecordingDrafter(drafters.Drafter):
         pass
 
     def propose(self, sequence, k, processor, generator, min_confidence=0.0):
-        return drafters.Draft(sequence[-1:].repeat(k), None)
+        return Draft(sequence[-1:].repeat(k), None)
 
     def update(
         self, sequence, valid_length, target_logits=None, target_features=None, target_cache=None
@@ -558,11 +486,14 @@ def test_every_drafter_kind_declares_its_needs(target) -> None:
     head = tiny_head(target)
     built = {
         kind: build_drafter(
-            DrafterOptions(kind=kind), copy, head=head, copy_of_target=kind == "model"
+            DrafterSpec(DrafterOptions(kind=kind), copy_of_target=kind == "model"),
+            target=target,
+            model=copy,
+            head=head,
         )
         for kind in ("model", "ngram", "lookup", "hybrid", "head")
     }
-    assert all(isinstance(drafter, drafters.Drafter) for drafter in built.values())
+    assert all(isinstance(drafter, Drafter) for drafter in built.values())
     declared = {
         kind: (drafter.uses_target_features, drafter.uses_target_cache)
         for kind, drafter in built.items()
@@ -581,12 +512,12 @@ def test_every_drafter_kind_declares_its_needs(target) -> None:
 
 
 def test_a_drafter_missing_part_of_the_interface_cannot_be_made() -> None:
-    class NoUpdate(drafters.Drafter):
+    class NoUpdate(Drafter):
         def begin(self, prompt, vocab_size) -> None:
             pass
 
         def propose(self, sequence, k, processor, generator, min_confidence=0.0):
-            return drafters.Draft(sequence[-1:], None)
+            return Draft(sequence[-1:], None)
 
     with pytest.raises(TypeError, match="update"):
         NoUpdate()

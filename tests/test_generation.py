@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specrepl.engine.drafters.kinds import ModelDrafter
+from specrepl.engine.drafters.model import ModelDrafter
 from specrepl.engine.gamma import make_policy
 from specrepl.engine.generation import (
     ContextTooLongError,

@@ -25,24 +25,22 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from rich.console import Console
 
-from specrepl.app.commands import (
+from specrepl.app.commands.registry import (
     BOOL_WORDS,
     PREFIX,
     REGISTRY,
     Argument,
     Command,
-    CommandFailed,
     CommandRegistry,
-    HistoryCleared,
-    Quit,
-    SettingsChanged,
 )
-from specrepl.app.render import Renderer
+from specrepl.app.commands.results import CommandFailed, HistoryCleared, Quit, SettingsChanged
+from specrepl.app.render.repl import Renderer
 from specrepl.app.repl import handle_line
 from specrepl.chat.answers import Answer, EventCallback
 from specrepl.chat.session import ChatSession
 from specrepl.chat.settings import Settings
-from specrepl.engine.drafters.draft_head import DraftHead, save_head, target_fingerprint
+from specrepl.engine.drafters.draft_head import DraftHead
+from specrepl.engine.drafters.head_store import save_head, target_fingerprint
 from specrepl.models.pair import ModelPair
 from specrepl.testing import tiny_llama
 

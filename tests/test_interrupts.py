@@ -33,13 +33,15 @@ from prompt_toolkit.output import DummyOutput
 from rich.console import Console
 
 from specrepl.app import cli
-from specrepl.app.render import AnswerView, Renderer
-from specrepl.app.repl import EXIT_TERMINATED, PipeReader, TerminalReader, run
+from specrepl.app.render.answer import AnswerView
+from specrepl.app.render.repl import Renderer
+from specrepl.app.repl import PipeReader, TerminalReader, run
 from specrepl.chat.answers import Answer, Message, RunFinished, RunStarted, RunStep
 from specrepl.chat.session import ChatSession
 from specrepl.chat.settings import Settings
-from specrepl.engine.drafters.kinds import NgramDrafter
-from specrepl.models import pair as models
+from specrepl.engine.drafters.ngram import NgramDrafter
+from specrepl.engine.signals import EXIT_TERMINATED
+from specrepl.models import loading as models
 from specrepl.models.pair import ModelPair
 from specrepl.testing import interrupt_on_call, perturbed_copy, tiny_llama, tiny_tokenizer
 
@@ -254,7 +256,7 @@ def test_ctrl_c_with_a_model_free_drafter(pair: ModelPair, kind: str, use_cache:
         answer = session.answer(PROMPT)
     assert answer.interrupted and session.history == history
     if kind == "ngram":
-        kept = session._ngram
+        kept = session.drafters._ngram
         assert isinstance(kept, NgramDrafter) and kept.counts  # the counts were kept
         assert ngram_consistent(kept)
     # greedy: the speculative answer is the target's, whatever the kept counts hold
@@ -571,7 +573,7 @@ def test_sigint_while_loading_in_a_real_process(models_dir: Path) -> None:
     slow_loader = (
         "import faulthandler, signal, sys, time\n"
         "faulthandler.register(signal.SIGUSR1)\n"
-        "import specrepl.app.cli as cli, specrepl.models.pair as models\n"
+        "import specrepl.app.cli as cli, specrepl.models.loading as models\n"
         "def load_pair(*args, **kwargs):\n"
         "    while True:\n"
         "        time.sleep(0.05)\n"

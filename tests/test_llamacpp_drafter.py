@@ -21,23 +21,22 @@ import pytest
 import torch
 from scipy import stats
 
-import specrepl.engine.drafters.llamacpp as llamacpp_drafter
+import specrepl.engine.drafters.runtime as runtime_choice
 import specrepl.engine.llamacpp as llamacpp
 from specrepl.chat.settings import SettingError
-from specrepl.engine.drafters.kinds import HybridDrafter, LookupDrafter, build_drafter
-from specrepl.engine.drafters.llamacpp import (
-    DraftView,
-    LlamaCppDrafter,
-    auto_window,
-    choose_runtime,
-)
+from specrepl.engine.drafters.builder import DrafterSpec, build_drafter
+from specrepl.engine.drafters.hybrid import HybridDrafter
+from specrepl.engine.drafters.llamacpp import DraftView, LlamaCppDrafter
+from specrepl.engine.drafters.lookup import LookupDrafter
 from specrepl.engine.drafters.options import DrafterOptions
+from specrepl.engine.drafters.runtime import RuntimeChoice, auto_window, choose_runtime
 from specrepl.engine.gamma import make_policy
 from specrepl.engine.generation import autoregressive_generate, speculative_generate
 from specrepl.engine.llamacpp import LlamaCppUnavailable, open_gguf
 from specrepl.engine.processors import GreedyProcessor, TopKProcessor
 from specrepl.engine.prompt_cache import PromptCache
-from specrepl.models.pair import ModelPair, embedded_gguf_path
+from specrepl.models.embedded import embedded_gguf_path
+from specrepl.models.pair import ModelPair
 from specrepl.models.prompting import prompt_ids
 from specrepl.store import paths
 from specrepl.testing import CountingLlama
@@ -77,11 +76,11 @@ def test_hybrid_with_llamacpp_keeps_the_target_output(embedded_pair: ModelPair, 
     target = embedded_pair.target.model
     options = embedded_pair.generation_options(use_cache=True)
     drafter = build_drafter(
-        DrafterOptions(kind="hybrid"),
-        embedded_pair.drafter.model,
-        model_runtime=LlamaCppDrafter(llama),
+        DrafterSpec(DrafterOptions(kind="hybrid")),
+        model=embedded_pair.drafter.model,
+        runtime=RuntimeChoice(llama, "asked for"),
     )
-    assert isinstance(drafter, HybridDrafter)
+    assert isinstance(drafter, HybridDrafter) and isinstance(drafter.model, LlamaCppDrafter)
     ids = ids_of(embedded_pair, "Repeat after me: the quick brown fox jumps over the lazy dog.")
     reference = autoregressive_generate(ids, target, max_gen_len=32, **options)
     result = speculative_generate(
@@ -225,7 +224,7 @@ def test_the_automatic_window_follows_measured_costs() -> None:
     # four target steps' worth of batched reads, at least MIN_WINDOW
     assert auto_window(0.034, 0.003) == int(4 * 0.034 / 0.003)
     assert auto_window(0.5, 0.003) == int(4 * 0.5 / 0.003)  # a dear target: a long window
-    assert auto_window(0.001, 0.003) == llamacpp_drafter.MIN_WINDOW
+    assert auto_window(0.001, 0.003) == runtime_choice.MIN_WINDOW
 
 
 def test_a_windowed_drafter_reads_little_of_a_pasted_document_and_keeps_the_output(
@@ -261,14 +260,14 @@ def test_auto_keeps_the_runtime_measured_cheaper(
     embedded_pair: ModelPair, llama, monkeypatch, cheaper
 ) -> None:
     fast, slow = 0.01, 0.03
-    monkeypatch.setattr(llamacpp_drafter, "open_gguf", lambda *a, **k: llama)
+    monkeypatch.setattr(runtime_choice, "open_gguf", lambda *a, **k: llama)
     monkeypatch.setattr(
-        llamacpp_drafter,
+        runtime_choice,
         "llama_costs",
         lambda _: (fast if cheaper == "llamacpp" else slow, 0.003),
     )
     monkeypatch.setattr(
-        llamacpp_drafter, "measure_widths", lambda *_: {1: slow if cheaper == "llamacpp" else fast}
+        runtime_choice, "measure_widths", lambda *_: {1: slow if cheaper == "llamacpp" else fast}
     )
     drafter = embedded_pair.drafter
     choice = choose_runtime("auto", drafter.model, drafter.gguf)
@@ -281,7 +280,7 @@ def test_auto_keeps_the_runtime_measured_cheaper(
 
 
 def test_the_cost_timing_measures_and_leaves_the_state_empty(llama) -> None:
-    step, read = llamacpp_drafter.llama_costs(llama, context=16, repeats=2)
+    step, read = runtime_choice.llama_costs(llama, context=16, repeats=2)
     assert 0 < step < 5 and 0 < read < 5
     assert llama.n_tokens == 0
 
@@ -304,7 +303,7 @@ def test_the_session_drafts_in_llamacpp_when_asked(
     from specrepl.chat.session import ChatSession
     from specrepl.chat.settings import Settings
 
-    monkeypatch.setattr(llamacpp_drafter, "open_gguf", lambda *a, **k: llama)
+    monkeypatch.setattr(runtime_choice, "open_gguf", lambda *a, **k: llama)
     session = ChatSession(
         embedded_pair, Settings(drafter_kind="hybrid", drafter_runtime="llamacpp")
     )
@@ -317,12 +316,12 @@ def test_the_session_drafts_in_llamacpp_when_asked(
 
 @pytest.mark.embedded
 def test_the_session_holds_no_torch_drafter_while_llamacpp_drafts(llama, monkeypatch) -> None:
-    from specrepl.chat.config import ModelSpec
     from specrepl.chat.session import ChatSession
     from specrepl.chat.settings import Settings
-    from specrepl.models.pair import load_pair
+    from specrepl.models.loading import load_pair
+    from specrepl.models.specs import ModelSpec
 
-    monkeypatch.setattr(llamacpp_drafter, "open_gguf", lambda *a, **k: llama)
+    monkeypatch.setattr(runtime_choice, "open_gguf", lambda *a, **k: llama)
     pair = load_pair("embedded", ModelSpec("embedded", dtype="bfloat16"))  # its own: released
     drafter = pair.drafter
     assert drafter is not None

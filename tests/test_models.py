@@ -24,21 +24,19 @@ import transformers.dynamic_module_utils
 from tokenizers import AddedToken
 from transformers import GenerationConfig
 
-from specrepl.chat.config import ModelSpec
+from specrepl.engine.copy_attention import ATTENTION
 from specrepl.engine.linear_forms import forms_allowed
-from specrepl.engine.widths import WidthPlan, install_width_plan, width_plan
+from specrepl.engine.widths import WidthPlan
+from specrepl.models import embedded
 from specrepl.models import gguf as gguf_cache
-from specrepl.models import pair as models
 from specrepl.models.compatibility import IncompatibleTokenizersError
-from specrepl.models.pair import (
-    LoadedModel,
-    ModelLoadError,
-    ModelPair,
-    find_end_tokens,
-    load_pair,
-    resolve_device,
-    resolve_dtype,
-)
+from specrepl.models.devices import resolve_device, resolve_dtype
+from specrepl.models.errors import ModelLoadError
+from specrepl.models.loaded import LoadedModel
+from specrepl.models.loading import load_pair
+from specrepl.models.pair import ModelPair, find_end_tokens
+from specrepl.models.specs import ModelSpec
+from specrepl.models.tuning import allow_linear_forms, attend_in_cache_dtype
 from specrepl.store import paths
 from specrepl.testing import tiny_llama, tiny_tokenizer
 
@@ -75,7 +73,7 @@ def test_from_models_wraps_a_checked_pair() -> None:
 def test_a_drafter_that_is_a_copy_of_the_target_is_named_so() -> None:
     from rich.console import Console
 
-    from specrepl.app.render import Renderer
+    from specrepl.app.render.repl import Renderer
 
     target = tiny_llama(32, seed=0)
     copy = tiny_llama(32, seed=0).to(torch.bfloat16)
@@ -359,17 +357,20 @@ def test_a_released_model_comes_back_with_the_same_weights_and_width_plan(tmp_pa
         expected = first(ids).logits
     weights = {name: tensor.clone() for name, tensor in first.state_dict().items()}
     plan = WidthPlan({1: 1.0, 2: 3.0, 3: 2.0}, {1: 1, 2: 3, 3: 3}, frozenset({3}))
-    install_width_plan(first, plan)  # as if timed: pad 2 rows to 3, weight first at 3
+    allow_linear_forms(first, loaded.tuning)  # as if timed: pad 2 rows to 3, weight first at 3
+    loaded.tuning.plan = plan
+    assert attend_in_cache_dtype(first, loaded.tuning)
     gone = weakref.ref(first)
     del first
     assert loaded.release() and not loaded.resident
     assert gone() is None  # nothing else held it: out of memory
-    assert loaded.width_plan() == plan and loaded.reloads == 0
+    assert loaded.tuning.plan == plan and loaded.reloads == 0
     assert loaded.release()  # released already: nothing to do
     again = loaded.model
     assert loaded.resident and loaded.reloads == 1 and loaded.model is again
     assert not again.training and again.dtype == torch.bfloat16
-    assert width_plan(again) == plan and forms_allowed(again)
+    assert loaded.tuning.plan == plan and loaded.tuning.weight_first == {3}
+    assert forms_allowed(again) and again.config._attn_implementation == ATTENTION
     state = again.state_dict()
     assert state.keys() == weights.keys()
     assert all(torch.equal(state[name], tensor) for name, tensor in weights.items())
@@ -454,8 +455,8 @@ def test_missing_paths(tmp_path: Path) -> None:
 
 
 def test_embedded_without_its_package(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(models, "EMBEDDED_PACKAGE", "specrepl_no_such_package")
-    with pytest.raises(ModelLoadError, match=re.escape(models.EMBEDDED_INSTALL)):
+    monkeypatch.setattr(embedded, "EMBEDDED_PACKAGE", "specrepl_no_such_package")
+    with pytest.raises(ModelLoadError, match=re.escape(embedded.EMBEDDED_INSTALL)):
         load_pair("embedded")
 
 

@@ -10,13 +10,14 @@ import pytest
 from rich.console import Console
 
 from specrepl.app import cli
-from specrepl.app.render import Renderer
+from specrepl.app.render.repl import Renderer
 from specrepl.chat.answers import Answer, GeneratorName, Run
-from specrepl.chat.config import AppConfig, ModelSpec
+from specrepl.chat.config import AppConfig
 from specrepl.chat.settings import Settings
 from specrepl.engine.output_match import compare_outputs, first_difference
 from specrepl.engine.results import GenerationResult, GeneratorKind
 from specrepl.models.pair import ModelPair
+from specrepl.models.specs import ModelSpec
 
 
 def test_first_difference_counts_new_tokens_from_zero() -> None:

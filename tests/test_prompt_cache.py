@@ -9,14 +9,12 @@ from typing import Any
 import pytest
 import torch
 
-from specrepl.engine.drafters.kinds import (
-    Drafter,
-    HeadDrafter,
-    HybridDrafter,
-    LookupDrafter,
-    ModelDrafter,
-    NgramDrafter,
-)
+from specrepl.engine.drafters.base import Drafter
+from specrepl.engine.drafters.head import HeadDrafter
+from specrepl.engine.drafters.hybrid import HybridDrafter
+from specrepl.engine.drafters.lookup import LookupDrafter
+from specrepl.engine.drafters.model import ModelDrafter
+from specrepl.engine.drafters.ngram import NgramDrafter
 from specrepl.engine.gamma import make_policy
 from specrepl.engine.generation import (
     GenerationInterrupted,

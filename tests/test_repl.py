@@ -14,8 +14,8 @@ from prompt_toolkit.input import create_pipe_input
 from prompt_toolkit.output import DummyOutput
 from rich.console import Console
 
-from specrepl.app.commands import REGISTRY
-from specrepl.app.render import Renderer, settings_line
+from specrepl.app.commands.registry import REGISTRY
+from specrepl.app.render.repl import Renderer, settings_line
 from specrepl.app.repl import (
     PipeReader,
     RegistryCompleter,

@@ -15,16 +15,13 @@ import torch
 from scipy import stats
 
 import specrepl.engine.verification as verification
+from specrepl.engine.drafters.base import Draft, Drafter
 from specrepl.engine.drafters.draft_head import DraftHead
-from specrepl.engine.drafters.kinds import (
-    Draft,
-    Drafter,
-    HeadDrafter,
-    HybridDrafter,
-    LookupDrafter,
-    ModelDrafter,
-    NgramDrafter,
-)
+from specrepl.engine.drafters.head import HeadDrafter
+from specrepl.engine.drafters.hybrid import HybridDrafter
+from specrepl.engine.drafters.lookup import LookupDrafter
+from specrepl.engine.drafters.model import ModelDrafter
+from specrepl.engine.drafters.ngram import NgramDrafter
 from specrepl.engine.generation import speculative_generate
 from specrepl.engine.processors import (
     LogitsProcessor,

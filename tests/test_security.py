@@ -28,12 +28,19 @@ from huggingface_hub import constants as hub_constants
 
 import specrepl
 from specrepl.app import cli
-from specrepl.app.commands import REGISTRY, SettingsChanged
+from specrepl.app.commands.registry import REGISTRY
+from specrepl.app.commands.results import SettingsChanged
 from specrepl.app.repl import _history
-from specrepl.chat.config import AppConfig, ConfigError, ModelSpec, default_config_path, load_config
+from specrepl.chat.config import AppConfig, ConfigError, load_config
+from specrepl.chat.flags import app_config
 from specrepl.chat.session import ChatSession
 from specrepl.chat.settings import Settings
-from specrepl.models.pair import ModelLoadError, ModelPair, _hub_reachable, load_pair
+from specrepl.models.errors import ModelLoadError
+from specrepl.models.loading import load_pair
+from specrepl.models.pair import ModelPair
+from specrepl.models.sources import hub_reachable
+from specrepl.models.specs import ModelSpec
+from specrepl.store.paths import default_config_path
 
 PACKAGE = Path(specrepl.__file__).resolve().parent
 HUB_ID = "specrepl-tests/no-such-model"
@@ -84,7 +91,7 @@ def test_the_blocker_sees_the_hub_client(
         get_session().head(f"https://huggingface.co/api/models/{HUB_ID}", timeout=3)
     assert no_network, "the hub client connected past the blocker"
     no_network.clear()
-    assert _hub_reachable() is False
+    assert hub_reachable() is False
     assert len(no_network) == 1 and no_network[0].startswith("create_connection")
 
 
@@ -152,12 +159,12 @@ def test_remote_code_is_off_unless_asked_for(tmp_path: Path) -> None:
         for argument in command.arguments
     )
     parser = cli.build_parser()
-    assert cli.app_config(parser.parse_args([])).trust_remote_code is False
+    assert app_config(parser.parse_args([])).trust_remote_code is False
     # opting in works, from the command line or from a config file
-    assert cli.app_config(parser.parse_args(["--trust-remote-code"])).trust_remote_code is True
+    assert app_config(parser.parse_args(["--trust-remote-code"])).trust_remote_code is True
     opted_in = tmp_path / "trusting.toml"
     opted_in.write_text('trust_remote_code = true\n[target]\nsource = "embedded"\n')
-    assert cli.app_config(parser.parse_args(["--config", str(opted_in)])).trust_remote_code
+    assert app_config(parser.parse_args(["--config", str(opted_in)])).trust_remote_code
 
 
 # -- configs and input are data -----------------------------------------------------------

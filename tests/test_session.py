@@ -15,14 +15,14 @@ import pytest
 import torch
 from transformers import PreTrainedModel
 
-import specrepl.chat.session as session_module
+import specrepl.chat.drafting as drafting_module
 from specrepl.chat.answers import Answer, RunFinished, RunStarted, RunStep, SessionEvent
 from specrepl.chat.session import ChatSession
 from specrepl.chat.settings import SettingError, Settings
-from specrepl.engine.drafters.kinds import ModelDrafter
-from specrepl.engine.drafters.llamacpp import RuntimeChoice
-from specrepl.engine.widths import width_plan
-from specrepl.models.pair import ModelPair, load_pair
+from specrepl.engine.drafters.model import ModelDrafter
+from specrepl.engine.drafters.runtime import RuntimeChoice
+from specrepl.models.loading import load_pair
+from specrepl.models.pair import ModelPair
 from specrepl.testing import interrupt_on_call, perturbed_copy, tiny_llama, tiny_tokenizer
 
 PROMPT = "w7 w8 w9"
@@ -572,7 +572,7 @@ def llamacpp_played_by(model: PreTrainedModel, monkeypatch: pytest.MonkeyPatch) 
         keep = kwargs.get("keep_between_prompts", False)
         return None if choice.llama is None else ModelDrafter(model, keep_between_prompts=keep)
 
-    monkeypatch.setattr(session_module, "choose_drafter_runtime", choose)
+    monkeypatch.setattr(drafting_module, "choose_drafter_runtime", choose)
     monkeypatch.setattr(RuntimeChoice, "model_drafter", model_drafter)
 
 
@@ -656,7 +656,7 @@ def test_the_warm_up_releases_the_drafter_and_keeps_its_width_plan(
     plan = session.width_plans()["drafter"]
     assert plan is not None  # timed before the release, kept with the released model
     session.update(drafter_gen=True)
-    assert drafter.resident and width_plan(drafter.model) == plan
+    assert drafter.resident and drafter.tuning.plan == plan
 
 
 def test_a_drafter_that_cannot_be_loaded_again_is_refused_and_llamacpp_still_drafts(

@@ -15,7 +15,8 @@ import pytest
 from specrepl.chat.answers import Answer
 from specrepl.chat.session import ChatSession
 from specrepl.chat.settings import Settings
-from specrepl.measure.soak import MIB, VARIANTS, repeatable, resident_bytes, soak, usable_variants
+from specrepl.measure.soak.loop import VARIANTS, SoakOptions, repeatable, soak, usable_variants
+from specrepl.measure.soak.result import MIB, resident_bytes
 from specrepl.models.pair import ModelPair
 from specrepl.testing import interrupt_on_call
 
@@ -35,13 +36,13 @@ torch.set_num_threads(1)
 from specrepl.models.pair import ModelPair
 from specrepl.chat.session import ChatSession
 from specrepl.chat.settings import Settings
-from specrepl.measure.soak import soak
+from specrepl.measure.soak.loop import SoakOptions, soak
 from specrepl.testing import perturbed_copy, tiny_llama, tiny_tokenizer
 target = tiny_llama(32, seed=4)
 pair = ModelPair.from_models(target, perturbed_copy(target, 0.3, seed=2), tiny_tokenizer(32))
 session = ChatSession(pair, Settings(max_new_tokens=8))
 before = session.settings
-result = soak(session, 200, texts=json.loads(sys.argv[1]))
+result = soak(session, SoakOptions(prompts=200), texts=json.loads(sys.argv[1]))
 print(json.dumps({**result.to_dict(), "settings_kept": session.settings == before}))
 """
 
@@ -86,7 +87,8 @@ def test_a_leak_is_seen(pair: ModelPair) -> None:
         kept.append(block)
 
     session = ChatSession(pair, Settings(max_new_tokens=4))
-    result = soak(session, 120, texts=TINY_PROMPTS, check=False, on_prompt=leak)
+    options = SoakOptions(prompts=120, check=False)
+    result = soak(session, options, texts=TINY_PROMPTS, on_prompt=leak)
     assert result.compared == result.skipped == 0
     assert result.growth is not None and result.growth > MAX_GROWTH  # 104 x 64 KiB = 6.5 MiB
 
@@ -109,7 +111,7 @@ class StaleSession(ChatSession):
 
 def test_state_carried_between_prompts_is_a_mismatch(pair: ModelPair) -> None:
     session = StaleSession(pair, Settings(max_new_tokens=6))
-    result = soak(session, 8, texts=TINY_PROMPTS, warmup=0)
+    result = soak(session, SoakOptions(prompts=8, warmup=0), texts=TINY_PROMPTS)
     assert result.compared == 7 and not result.ok
     assert {mismatch.prompt_index for mismatch in result.mismatches} >= {1, 2, 3}
     assert 0 not in {mismatch.prompt_index for mismatch in result.mismatches}
@@ -132,7 +134,7 @@ def test_without_a_drafter_model_only_model_free_variants_run(pair: ModelPair) -
     cycle = usable_variants(session, VARIANTS)
     assert cycle and all(variant["drafter_kind"] in ("ngram", "lookup") for variant in cycle)
     assert not any(variant["drafter_gen"] for variant in cycle)
-    result = soak(session, 2 * len(cycle), texts=TINY_PROMPTS)
+    result = soak(session, SoakOptions(prompts=2 * len(cycle)), texts=TINY_PROMPTS)
     assert result.ok and result.prompts == 2 * len(cycle)
 
 
@@ -140,7 +142,7 @@ def test_ctrl_c_stops_the_soak_with_what_was_measured(pair: ModelPair) -> None:
     session = ChatSession(pair, Settings(max_new_tokens=6))
     before = session.settings
     with interrupt_on_call(pair.target.model, 100):  # a few prompts in
-        result = soak(session, 50, texts=TINY_PROMPTS)
+        result = soak(session, SoakOptions(prompts=50), texts=TINY_PROMPTS)
     assert result.interrupted and not result.ok
     assert 0 < result.prompts < 50 and len(result.rss_samples) == result.prompts
     assert result.mismatches == []
@@ -158,8 +160,9 @@ def test_ctrl_c_stops_the_soak_with_what_was_measured(pair: ModelPair) -> None:
 )
 def test_bad_options_are_refused(pair: ModelPair, options: dict[str, Any], message: str) -> None:
     arguments: dict[str, Any] = {"prompts": 10, "texts": TINY_PROMPTS, **options}
+    texts = arguments.pop("texts")
     with pytest.raises(ValueError, match=message):
-        soak(ChatSession(pair, Settings()), **arguments)
+        soak(ChatSession(pair, Settings()), SoakOptions(**arguments), texts=texts)
 
 
 def test_rss_is_read() -> None:

@@ -22,10 +22,11 @@ from prompt_toolkit.output import DummyOutput
 from rich.console import Console
 
 from specrepl.app import cli, startup
-from specrepl.app.render import Renderer
+from specrepl.app.render.repl import Renderer
 from specrepl.app.repl import TerminalReader, run
 from specrepl.app.startup import LoadingSession
 from specrepl.chat.config import load_config
+from specrepl.chat.flags import app_config
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -63,11 +64,12 @@ def test_the_first_screen_imports_no_model_library() -> None:
         "import sys\n"
         "from prompt_toolkit.input import create_pipe_input\n"
         "from prompt_toolkit.output import DummyOutput\n"
-        "from specrepl import cli, repl\n"
-        "from specrepl.app.commands import REGISTRY\n"
+        "from specrepl.app import cli, repl\n"
+        "from specrepl.chat.flags import app_config\n"
+        "from specrepl.app.commands.registry import REGISTRY\n"
         "from specrepl.app.startup import LoadingSession\n"
         "args = cli.parse_arguments(['--gamma', '3', '--processor', 'topk'])\n"
-        "session = LoadingSession(cli.app_config(args))\n"
+        "session = LoadingSession(app_config(args))\n"
         "with create_pipe_input() as keys:\n"
         "    reader = repl.TerminalReader(session, input=keys, output=DummyOutput())\n"
         "    print(reader._toolbar())\n"
@@ -192,7 +194,7 @@ def test_models_that_cannot_load_end_the_waiting_prompt(config_file: Path, tmp_p
     nowhere = str(tmp_path / "nowhere")
     args = cli.parse_arguments(["--config", str(config_file), "--target", nowhere])
     renderer, console, status = recorded()
-    session = LoadingSession(cli.app_config(args))
+    session = LoadingSession(app_config(args))
     with create_pipe_input() as keys:
         reader = TerminalReader(session, input=keys, output=DummyOutput())
         session.set_on_change(reader.wake)

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
-from specrepl.engine.drafters.kinds import NgramDrafter
+from specrepl.engine import widths
+from specrepl.engine.drafters.model import ModelDrafter
+from specrepl.engine.drafters.ngram import NgramDrafter
 from specrepl.engine.forward import forward_logits
 from specrepl.engine.generation import autoregressive_generate, speculative_generate
 from specrepl.engine.kv_cache import cached_length, new_cache
@@ -13,18 +17,16 @@ from specrepl.engine.linear_forms import (
     FormChoosingLinear,
     allow_forms,
     forms_allowed,
+    stock_forms,
     weight_first_rows,
 )
 from specrepl.engine.processors import TopKProcessor
-from specrepl.engine.widths import (
-    WidthPlan,
-    clear_width_plan,
-    measure_widths,
-    plan_widths,
-    set_width_plan,
-    width_plan,
-)
-from specrepl.testing import perturbed_copy, tiny_llama
+from specrepl.engine.tuning import Tuning
+from specrepl.engine.widths import WidthPlan, measure_widths, plan_widths
+from specrepl.models import width_plans
+from specrepl.models.pair import ModelPair
+from specrepl.models.tuning import allow_linear_forms, undo_tuning
+from specrepl.testing import perturbed_copy, tiny_llama, tiny_tokenizer
 
 PROMPTS = ([1, 5, 9, 12], [1, 17, 4, 30, 8, 8, 2, 11], [7])
 # every width up to 8 padded to a larger one: the widest rewrite a plan can make
@@ -33,9 +35,7 @@ EVERYTHING_PADDED = WidthPlan(seconds={}, padded={w: min(w + 3, 9) for w in rang
 
 @pytest.fixture()
 def target():
-    model = tiny_llama(32, seed=0)
-    yield model
-    clear_width_plan(model)
+    return tiny_llama(32, seed=0)
 
 
 def test_plan_pads_only_to_a_clearly_cheaper_larger_width() -> None:
@@ -51,8 +51,8 @@ def test_padded_forward_gives_the_same_logits_and_cache(target) -> None:
     forward_logits(target, sequence[:6], plain_cache, 1, 32)
     forward_logits(target, sequence[:6], padded_cache, 1, 32)
     expected = forward_logits(target, sequence, plain_cache, 3, 32)
-    set_width_plan(target, EVERYTHING_PADDED)
-    padded = forward_logits(target, sequence, padded_cache, 3, 32)
+    tuning = Tuning(plan=EVERYTHING_PADDED)
+    padded = forward_logits(target, sequence, padded_cache, 3, 32, tuning=tuning)
     assert padded.shape == expected.shape == (3, 32)
     torch.testing.assert_close(padded, expected)
     assert cached_length(padded_cache) == cached_length(plain_cache) == 9
@@ -60,9 +60,9 @@ def test_padded_forward_gives_the_same_logits_and_cache(target) -> None:
 
 def test_no_padding_past_the_context() -> None:
     model = tiny_llama(32, seed=0, max_position_embeddings=8)
-    set_width_plan(model, EVERYTHING_PADDED)
+    tuning = Tuning(plan=EVERYTHING_PADDED)
     cache = new_cache(model)
-    logits = forward_logits(model, torch.arange(1, 8), cache, 2, 32)  # 7 + 3 > 8
+    logits = forward_logits(model, torch.arange(1, 8), cache, 2, 32, tuning=tuning)  # 7 + 3 > 8
     assert logits.shape == (2, 32) and cached_length(cache) == 7
 
 
@@ -70,11 +70,12 @@ def test_no_padding_past_the_context() -> None:
 def test_greedy_speculative_with_padding_equals_the_target(target, gamma) -> None:
     references = [autoregressive_generate(p, target, max_gen_len=24).token_ids for p in PROMPTS]
     drafter = perturbed_copy(target, 0.1, seed=1)
-    set_width_plan(target, EVERYTHING_PADDED)
-    set_width_plan(drafter, EVERYTHING_PADDED)
+    tuning = Tuning(plan=EVERYTHING_PADDED)
     for prompt, reference in zip(PROMPTS, references, strict=True):
-        for draft_with in (drafter, NgramDrafter(3)):
-            result = speculative_generate(prompt, draft_with, target, gamma=gamma, max_gen_len=24)
+        for draft_with in (ModelDrafter(drafter, tuning=tuning), NgramDrafter(3)):
+            result = speculative_generate(
+                prompt, draft_with, target, gamma=gamma, max_gen_len=24, tuning=tuning
+            )
             assert result.token_ids == reference
 
 
@@ -83,14 +84,19 @@ def test_greedy_speculative_weight_first_equals_the_target(target, gamma) -> Non
     references = [autoregressive_generate(p, target, max_gen_len=24).token_ids for p in PROMPTS]
     drafter = perturbed_copy(target, 0.1, seed=1)
     every = frozenset(range(1, 10))
-    for model in (target, drafter):
-        assert allow_forms(model) > 0
-        set_width_plan(model, WidthPlan(seconds={}, padded={}, weight_first=every))
+    tunings = {
+        model: Tuning(WidthPlan(seconds={}, padded={}, weight_first=every))
+        for model in (target, drafter)
+    }
+    for model, tuning in tunings.items():
+        allow_linear_forms(model, tuning)
+        assert tuning.linear_forms and tuning.weight_first == every
     for prompt, reference in zip(PROMPTS, references, strict=True):
-        for draft_with in (drafter, NgramDrafter(3)):
-            result = speculative_generate(prompt, draft_with, target, gamma=gamma, max_gen_len=24)
+        for draft_with in (ModelDrafter(drafter, tuning=tunings[drafter]), NgramDrafter(3)):
+            result = speculative_generate(
+                prompt, draft_with, target, gamma=gamma, max_gen_len=24, tuning=tunings[target]
+            )
             assert result.token_ids == reference
-    clear_width_plan(drafter)
 
 
 def test_weight_first_gives_the_stock_products() -> None:
@@ -128,11 +134,22 @@ def test_only_plain_float_linear_layers_on_a_cpu_take_another_form() -> None:
     assert allow_forms(holder) == 1 and forms_allowed(holder)
     assert type(holder[1]) is Custom and type(holder[2]) is torch.nn.Linear
     assert allow_forms(holder) == 1  # idempotent
+    stock_forms(holder)
+    assert not forms_allowed(holder) and type(holder[0]) is torch.nn.Linear
+
+
+def test_the_linear_forms_are_recorded_and_undone() -> None:
+    model = tiny_llama(32, seed=0)
+    tuning = Tuning(WidthPlan(seconds={}, padded={}, weight_first=frozenset({2})))
+    assert tuning.weight_first == frozenset()  # the layers cannot take it yet
+    allow_linear_forms(model, tuning)
+    assert tuning.linear_forms and forms_allowed(model) and tuning.weight_first == {2}
+    undo_tuning(model, tuning)
+    assert not tuning.linear_forms and not forms_allowed(model)
+    assert tuning.plan is not None  # the plan is kept
 
 
 def test_a_plan_keeps_the_cheaper_form_of_each_width(monkeypatch, target) -> None:
-    from specrepl.engine import widths
-
     def measured(model, max_width, weight_first=frozenset(), **kwargs):
         # weight first is cheaper at widths 2 and 3 only
         stock = {1: 1.0, 2: 3.0, 3: 3.0, 4: 2.0}
@@ -140,7 +157,7 @@ def test_a_plan_keeps_the_cheaper_form_of_each_width(monkeypatch, target) -> Non
         return {w: [cost[w]] * 5 for w in range(1, max_width + 1)}
 
     monkeypatch.setattr(widths, "measure_width_samples", measured)
-    plan, noise = widths.measure_plan(target, 4)
+    plan, noise = widths.measure_plan(target, 4, forms=True)
     assert plan.weight_first == frozenset({2, 3}) and noise == 0.0
     assert plan.seconds == {1: 1.0, 2: 1.5, 3: 1.8, 4: 2.0}
     assert plan.to_dict()["weight_first"] == [2, 3]
@@ -158,29 +175,27 @@ def test_seeded_sampling_with_padding_is_unchanged(target) -> None:
             max_gen_len=24,
             logits_processor=TopKProcessor(temperature=0.9, top_k=8),
             generator=torch.Generator().manual_seed(7),
+            tuning=tuning,
         ).token_ids
 
+    tuning = Tuning()
     plain = sample()
-    set_width_plan(target, EVERYTHING_PADDED)
+    tuning.plan = EVERYTHING_PADDED  # as a plan timed again reaches a running session
     assert sample() == plain
 
 
 def test_measure_widths_times_every_width(target) -> None:
     seconds = measure_widths(target, 4, context=6, repeats=1)
     assert sorted(seconds) == [1, 2, 3, 4] and all(s > 0 for s in seconds.values())
-    assert width_plan(target) is None  # measuring alone installs nothing
+    assert not forms_allowed(target)  # measuring alone changes nothing
 
 
 def test_pair_plans_are_stored_and_reused(tmp_path, monkeypatch) -> None:
-    from specrepl.engine import widths
-    from specrepl.models.pair import ModelPair
-    from specrepl.testing import tiny_tokenizer
-
     model = tiny_llama(32, seed=0)
     pair = ModelPair.from_models(model, perturbed_copy(model, 0.1, seed=1), tiny_tokenizer(32))
     store = tmp_path / "widths.json"
     monkeypatch.setattr(widths, "measure_width_samples", _steady)  # a busy machine is not stored
-    first = widths.tune_pair_widths(pair, 3, store=store)
+    first = width_plans.tune_pair_widths(pair, 3, store=store)
     assert sorted(first) == ["drafter", "target"] and store.exists()
     assert sorted(first["target"].seconds) == [1, 2, 3, 4]
 
@@ -188,15 +203,23 @@ def test_pair_plans_are_stored_and_reused(tmp_path, monkeypatch) -> None:
         raise AssertionError("measured again although the store has it")
 
     monkeypatch.setattr(widths, "measure_width_samples", no_measuring)
-    again = widths.tune_pair_widths(pair, 3, store=store)
+    again = width_plans.tune_pair_widths(pair, 3, store=store)
     assert again["target"].seconds == pytest.approx(first["target"].seconds)
-    assert width_plan(pair.target.model) == again["target"]
+    assert pair.target.tuning.plan == again["target"]
+    assert pair.drafter is not None and pair.drafter.tuning.plan == again["drafter"]
     with pytest.raises(AssertionError, match="measured again"):
-        widths.tune_pair_widths(pair, 5, store=store)  # other widths: a new measurement
+        width_plans.tune_pair_widths(pair, 5, store=store)  # other widths: a new measurement
     with pytest.raises(AssertionError, match="measured again"):
-        widths.tune_pair_widths(pair, 3, store=store, retime=True)  # asked for
-    for loaded in (pair.target, pair.drafter):
-        clear_width_plan(loaded.model)
+        width_plans.tune_pair_widths(pair, 3, store=store, retime=True)  # asked for
+
+
+def test_one_model_in_both_roles_is_timed_once(monkeypatch) -> None:
+    model = tiny_llama(32, seed=0)
+    pair = ModelPair.from_models(model, model, tiny_tokenizer(32))
+    assert pair.drafter is pair.target  # one model, one tuning
+    monkeypatch.setattr(widths, "measure_width_samples", _steady)
+    assert list(width_plans.tune_pair_widths(pair, 3)) == ["target"]
+    assert pair.drafter.tuning.plan is not None
 
 
 def _steady(model, max_width, **kwargs):
@@ -210,12 +233,6 @@ def _busy(model, max_width, **kwargs):
 
 
 def test_noisy_old_and_foreign_plans_are_measured_again(tmp_path, monkeypatch) -> None:
-    import json
-
-    from specrepl.engine import widths
-    from specrepl.models.pair import ModelPair
-    from specrepl.testing import tiny_tokenizer
-
     pair = ModelPair.from_models(tiny_llama(32, seed=0), None, tiny_tokenizer(32))
     store = tmp_path / "widths.json"
     measured: list[int] = []
@@ -230,18 +247,18 @@ def test_noisy_old_and_foreign_plans_are_measured_again(tmp_path, monkeypatch) -
 
     # a busy machine: the plan serves this session but is not stored
     monkeypatch.setattr(widths, "measure_width_samples", counting(_busy))
-    plans = widths.tune_pair_widths(pair, 3, store=store)
+    plans = width_plans.tune_pair_widths(pair, 3, store=store)
     assert list(plans) == ["target"] and json.loads(store.read_text()) == {}
-    widths.tune_pair_widths(pair, 3, store=store)
+    width_plans.tune_pair_widths(pair, 3, store=store)
     assert len(measured) == 2  # nothing was stored, so it measured again
     # a quiet one: stored with its time and spread, and reused
     monkeypatch.setattr(widths, "measure_width_samples", counting(_steady))
-    widths.tune_pair_widths(pair, 3, store=store)
-    widths.tune_pair_widths(pair, 3, store=store)
+    width_plans.tune_pair_widths(pair, 3, store=store)
+    width_plans.tune_pair_widths(pair, 3, store=store)
     assert len(measured) == 3
     saved = json.loads(store.read_text())
     (entry,) = saved.values()
-    assert entry["spread"] < widths.NOISY_SPREAD and entry["measured_at"] > 0
+    assert entry["spread"] < width_plans.NOISY_SPREAD and entry["measured_at"] > 0
     # too old, or from before plans were dated, or from the future: measured again
     for stale in (
         {**entry, "measured_at": entry["measured_at"] - 31 * 86400},
@@ -251,14 +268,11 @@ def test_noisy_old_and_foreign_plans_are_measured_again(tmp_path, monkeypatch) -
         {**entry, "seconds": {"1": -1.0}},
     ):
         store.write_text(json.dumps({key: stale for key in saved}))
-        widths.tune_pair_widths(pair, 3, store=store)
+        width_plans.tune_pair_widths(pair, 3, store=store)
     assert len(measured) == 8
-    clear_width_plan(pair.target.model)
 
 
 def test_spread_leaves_the_extremes_out() -> None:
-    from specrepl.engine.widths import spread
-
-    assert spread({1: [1.0, 1.0, 1.0, 1.0, 5.0]}) == 0.0  # one slow repeat is not noise
-    assert spread({1: [1.0, 1.0, 1.5, 2.0, 2.0], 2: [1.0] * 5}) == pytest.approx(1 / 1.5)
-    assert spread({1: [1.0, 9.0]}) == 0.0  # too few repeats to judge
+    assert widths.spread({1: [1.0, 1.0, 1.0, 1.0, 5.0]}) == 0.0  # one slow repeat is not noise
+    assert widths.spread({1: [1.0, 1.0, 1.5, 2.0, 2.0], 2: [1.0] * 5}) == pytest.approx(1 / 1.5)
+    assert widths.spread({1: [1.0, 9.0]}) == 0.0  # too few repeats to judge

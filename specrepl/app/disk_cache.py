@@ -3,9 +3,9 @@
 Five kinds of state outlive a run, all of them re-computable:
 
 - `models`: converted copies of GGUF models (`<cache>/gguf/`, see
-  gguf_cache.py), checked here as on every load;
+  models/gguf.py), checked here as on every load;
 - `widths`: the forward-width timings per model and machine
-  (`<cache>/widths.json`, see widths.py);
+  (`<cache>/widths.json`, see engine/widths.py);
 - `distill`: the prompts, answer shards and training checkpoints of
   `distill` runs (`<cache>/distill/<target fingerprint>/`);
 - `history`: the REPL's prompt history;
@@ -33,10 +33,10 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from specrepl.app.render import format_bytes
-from specrepl.engine.signals import EXIT_INTERRUPTED
-from specrepl.engine.widths import MAX_PLAN_AGE_DAYS
+from specrepl.app.render.formatting import format_bytes
+from specrepl.engine.signals import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
 from specrepl.models.gguf import PARTIAL_PREFIX, check_copy, discard
+from specrepl.models.width_plans import MAX_PLAN_AGE_DAYS
 from specrepl.store.paths import (
     DISTILL_CHECKPOINT_FILE,
     cache_root,
@@ -50,7 +50,6 @@ from specrepl.store.paths import (
 __all__ = ["KINDS", "StoredItem", "add_arguments", "clear", "run", "stored_items"]
 
 KINDS = ("models", "widths", "distill", "history", "llamacpp")
-EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
 
 @dataclass(frozen=True)

@@ -32,31 +32,34 @@ from prompt_toolkit.history import FileHistory, History, InMemoryHistory
 from prompt_toolkit.input import Input
 from prompt_toolkit.output import Output
 
-from specrepl.app.commands import REGISTRY, CommandRegistry, Quit
-from specrepl.app.render import Renderer, loading_line, settings_line
+from specrepl.app.commands.registry import REGISTRY, CommandRegistry
+from specrepl.app.commands.results import Quit
+from specrepl.app.render.repl import Renderer, loading_line, settings_line
 from specrepl.app.startup import LoadingSession, StartupFailed
-from specrepl.engine.signals import EXIT_TERMINATED, Terminated, sigterm_unwinds
+from specrepl.engine.signals import (
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_TERMINATED,
+    Terminated,
+    sigterm_unwinds,
+)
 from specrepl.store.paths import history_file
 
 if TYPE_CHECKING:
     from specrepl.chat.session import ChatSession
 
 __all__ = [
-    "EXIT_TERMINATED",
     "PROMPT",
     "LineReader",
     "PipeReader",
     "RegistryCompleter",
     "TerminalReader",
-    "Terminated",
     "handle_line",
     "make_reader",
     "run",
-    "sigterm_unwinds",
 ]
 
 PROMPT = "› "
-EXIT_FAILED = 1
 
 
 class LineReader(Protocol):
@@ -324,4 +327,4 @@ def run(
         except Terminated:
             renderer.terminated()
             return EXIT_TERMINATED
-    return 0
+    return EXIT_OK

@@ -1,8 +1,7 @@
 """Loading the model pair: in the foreground, or behind the REPL's prompt.
 
-`load_config_pair` is how every entry point (the REPL, `--prompt`, `bench`,
-`soak`, `replay`, `distill`) turns an application config into a loaded pair;
-`open_session` loads it and warms it up. `python infer.py` on
+`open_session` loads the config's pair through the front door every entry
+point uses (`chat.loading.load_config_pair`) and warms it up. `python infer.py` on
 a terminal does not wait for it: it draws the prompt at once (torch and
 transformers alone take seconds to import) and a `LoadingSession` runs
 `open_session` in a background thread. Until the models are ready the REPL
@@ -26,20 +25,19 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from specrepl.chat.answers import Change, Message
+from specrepl.chat.loading import load_config_pair
 from specrepl.chat.settings import SettingError, Settings
 from specrepl.engine.signals import signals_held
 
 if TYPE_CHECKING:
     from specrepl.chat.config import AppConfig
     from specrepl.chat.session import ChatSession
-    from specrepl.models.pair import ModelPair
 
 __all__ = [
     "LoadingSession",
     "ModelsArrived",
     "StartupFailed",
     "known_failure",
-    "load_config_pair",
     "open_session",
 ]
 
@@ -68,32 +66,13 @@ def open_session(
     return session
 
 
-def load_config_pair(
-    config: AppConfig, progress: Callable[[str], None], *, with_drafter: bool = True
-) -> ModelPair:
-    """The config's target and drafter (the target alone when `with_drafter`
-    is False) on the config's device, loaded as every entry point loads them;
-    `progress` is told each stage. Raises ModelLoadError or
-    IncompatibleTokenizersError."""
-    with signals_held():  # a signal inside torch's initialisation would abort the process
-        from specrepl.models.pair import load_pair
-
-    return load_pair(
-        config.target,
-        config.drafter if with_drafter else None,
-        device=config.device,
-        trust_remote_code=config.trust_remote_code,
-        progress=progress,
-    )
-
-
 def known_failure(error: BaseException) -> str | None:
     """The message of an error that says why the models cannot be used (a model
     that does not load, tokenizers that differ, a draft head for another target,
     a setting the models refuse); None for any other error."""
-    from specrepl.engine.drafters.draft_head import HeadLoadError
+    from specrepl.engine.drafters.head_store import HeadLoadError
     from specrepl.models.compatibility import IncompatibleTokenizersError
-    from specrepl.models.pair import ModelLoadError
+    from specrepl.models.errors import ModelLoadError
 
     ours = (ModelLoadError, IncompatibleTokenizersError, HeadLoadError, SettingError)
     return str(error) if isinstance(error, ours) else None

@@ -3,7 +3,7 @@ finished `Answer` with one `Run` per generator (and whether the speculative
 run's tokens equal the target-only run's), and the setting changes a command
 made.
 
-Plain data without torch, so that the REPL's front end (render.py, commands.py)
+Plain data without torch, so that the REPL's front end (`app/render/`, `app/commands/`)
 can be imported and draw its first screen while the models are still loading;
 session.py produces these.
 """

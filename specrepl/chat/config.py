@@ -10,7 +10,8 @@ short names (`order`, `filler`, ...: those `/drafter_kind` takes), with the
 older spellings each setting declares (`top_k_filler`) still read.
 
 This module knows nothing about torch, transformers or the terminal: model
-sources and dtypes stay strings here and `models.py` resolves them.
+sources and dtypes stay strings here (`specrepl.models.specs.ModelSpec`) and
+the loader (`specrepl.models.loading`) resolves them.
 """
 
 from __future__ import annotations
@@ -32,26 +33,15 @@ from specrepl.chat.settings import (
     shown,
 )
 from specrepl.engine.drafters.options import DrafterOptions
-from specrepl.store.paths import default_config_path
+from specrepl.models.specs import DTYPE_NAMES, QUANTIZE_NAMES, ModelSpec
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
-__all__ = [
-    "DRAFTER_KINDS",
-    "DTYPE_NAMES",
-    "QUANTIZE_NAMES",
-    "AppConfig",
-    "ConfigError",
-    "ModelSpec",
-    "default_config_path",
-    "load_config",
-]
+__all__ = ["AppConfig", "ConfigError", "load_config"]
 
-DTYPE_NAMES = ("auto", "float32", "fp32", "float16", "fp16", "bfloat16", "bf16")
-QUANTIZE_NAMES = ("none", "8bit", "4bit")
 DEVICE_PATTERN = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
 
 _TOP_KEYS = ("device", "trust_remote_code", "target", "drafter", "generation")
@@ -63,33 +53,6 @@ _OLD_DRAFTER_KEYS = tuple(key for names in SETTING_NAMES.values() for key in nam
 
 class ConfigError(ValueError):
     """A config file could not be read or holds a value that is not allowed."""
-
-
-@dataclass(frozen=True)
-class ModelSpec:
-    """One model to load: where from, in which dtype, quantized or not.
-
-    `source` is "embedded", a path to a `.gguf` file, a local model directory
-    or a Hugging Face hub id. `quantize` is None, "8bit" or "4bit" ("none" is
-    accepted and stored as None).
-    """
-
-    source: str
-    dtype: str = "auto"
-    quantize: str | None = None
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.source, str) or not self.source.strip():
-            raise ValueError(f"source must be a non-empty string, got {self.source!r}")
-        if self.dtype not in DTYPE_NAMES:
-            raise ValueError(f"dtype must be one of {', '.join(DTYPE_NAMES)}, got {self.dtype!r}")
-        quantize = None if self.quantize == "none" else self.quantize
-        if quantize not in (None, "8bit", "4bit"):
-            raise ValueError(
-                f"quantize must be one of {', '.join(QUANTIZE_NAMES)}, got {self.quantize!r}"
-            )
-        object.__setattr__(self, "source", self.source.strip())
-        object.__setattr__(self, "quantize", quantize)
 
 
 @dataclass(frozen=True)

@@ -21,17 +21,19 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from specrepl.app.commands import parse_integer, parse_number
-from specrepl.chat.config import (
-    DTYPE_NAMES,
-    QUANTIZE_NAMES,
-    AppConfig,
-    ModelSpec,
-    default_config_path,
-    load_config,
+from specrepl.chat.config import AppConfig, load_config
+from specrepl.chat.settings import (
+    SETTING_NAMES,
+    SettingError,
+    SettingNames,
+    Settings,
+    parse_integer,
+    parse_number,
+    shown,
 )
-from specrepl.chat.settings import SETTING_NAMES, SettingError, SettingNames, Settings, shown
 from specrepl.engine.gamma import POLICIES
+from specrepl.models.specs import DTYPE_NAMES, QUANTIZE_NAMES, ModelSpec
+from specrepl.store.paths import default_config_path
 
 __all__ = [
     "NO_DRAFTER",

@@ -9,8 +9,8 @@ Each field declares, once, everything the other surfaces need: its bounds, its
 help and its names (`SettingNames`: the flag, and for a drafter option the short
 name that `/drafter_kind`, the config's `[drafter]` table and `DrafterOptions`
 share). `SETTING_NAMES` and `DRAFTER_SETTINGS` are generated from those
-declarations; flags.py, config.py and commands.py read them instead of keeping
-tables of their own.
+declarations; flags.py, config.py and the app's slash commands (`app/commands/`)
+read them instead of keeping tables of their own.
 
 This module knows nothing about models or the terminal, and imports no model
 library (not even torch): the REPL's prompt and toolbar are drawn from it while
@@ -20,6 +20,7 @@ the models load.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import Field, asdict, dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any
 
@@ -47,8 +48,32 @@ SHOWN_MAX = 40
 """The most characters of a refused value an error message repeats."""
 
 
+# Numbers are plain ASCII decimals: `int()` and `float()` would also take
+# "1_000", other scripts' digits and surrounding spaces.
+_INTEGER = re.compile(r"[+-]?[0-9]+")
+_NUMBER = re.compile(
+    r"[+-]?(?:(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:e[+-]?[0-9]+)?|inf|infinity|nan)", re.IGNORECASE
+)
+
+
 class SettingError(ValueError):
     """A setting was given a value outside its valid range."""
+
+
+def parse_integer(token: str) -> int | None:
+    """The integer an ASCII decimal token spells, or None."""
+    if not _INTEGER.fullmatch(token):
+        return None
+    try:
+        return int(token)
+    except ValueError:  # more digits than Python converts
+        return None
+
+
+def parse_number(token: str) -> float | None:
+    """The number an ASCII decimal token spells (inf and nan included, for the bounds
+    to refuse by name), or None."""
+    return float(token) if _NUMBER.fullmatch(token) else None
 
 
 def shown(value: Any, limit: int = SHOWN_MAX) -> str:

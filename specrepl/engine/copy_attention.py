@@ -13,7 +13,10 @@ times one query over a long context both ways on this machine.
 `ATTENTION` is a transformers attention implementation (registered on
 import) that computes scaled dot-product attention in the keys' dtype and
 returns the query's: with keys in the query's dtype it is exactly `sdpa`.
-`attend_in_cache_dtype(model)` switches a model to it.
+Transformers reads a model's attention implementation from its config, so
+switching a copy to it changes the model: the loader does that, in one place
+(`specrepl.models.tuning`), and records it in the copy's `tuning.Tuning`,
+which the drafter reads. This module only measures and never changes a model.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from transformers import AttentionInterface, AttentionMaskInterface, PreTrainedM
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import sdpa_mask
 
-__all__ = ["ATTENTION", "attend_in_cache_dtype", "measure_attention"]
+__all__ = ["ATTENTION", "can_attend_in_cache_dtype", "measure_attention"]
 
 ATTENTION = "specrepl_sdpa_in_cache_dtype"
 
@@ -53,14 +56,10 @@ AttentionInterface.register(ATTENTION, _attention_in_cache_dtype)
 AttentionMaskInterface.register(ATTENTION, sdpa_mask)
 
 
-def attend_in_cache_dtype(model: PreTrainedModel) -> bool:
-    """Make `model` (one using `sdpa`) attend in its cache's dtype; False, and
-    nothing changed, for a model with another attention implementation."""
-    config = model.config
-    if getattr(config, "_attn_implementation", None) not in ("sdpa", ATTENTION):
-        return False
-    config._attn_implementation = ATTENTION
-    return True
+def can_attend_in_cache_dtype(model: PreTrainedModel) -> bool:
+    """Whether `model` attends with `sdpa` (or with `ATTENTION` already), which
+    `ATTENTION` can stand in for; a model with another implementation cannot."""
+    return getattr(model.config, "_attn_implementation", None) in ("sdpa", ATTENTION)
 
 
 def _attention_module(model: PreTrainedModel) -> torch.nn.Module | None:

@@ -1,7 +1,9 @@
 """One forward pass of a causal LM over the part of a sequence it has not cached.
 
 Both generators and the model drafter call `forward_logits`; it is the only
-place that calls a model. It knows nothing about drafting or acceptance.
+place that calls a model. A caller passes the model's `Tuning` (its width
+plan and linear forms), which the pass reads and never changes. It knows
+nothing about drafting or acceptance.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from transformers import DynamicCache, PreTrainedModel
 
 from specrepl.engine.kv_cache import cached_length, rollback_to
 from specrepl.engine.linear_forms import weight_first_rows
-from specrepl.engine.widths import padded_width, width_plan
+from specrepl.engine.tuning import Tuning
 
 
 def logits_width(model: PreTrainedModel) -> int:
@@ -46,10 +48,12 @@ def forward_logits(
     cache: DynamicCache | None,
     keep: int,
     vocab_size: int,
+    *,
+    tuning: Tuning | None = None,
 ) -> torch.Tensor:
     """Float logits of the last `keep` positions of `sequence`, shape (keep, vocab_size)
     (see `forward_pass`)."""
-    return forward_pass(model, sequence, cache, keep, vocab_size)[0]
+    return forward_pass(model, sequence, cache, keep, vocab_size, tuning=tuning)[0]
 
 
 @torch.no_grad()
@@ -61,6 +65,7 @@ def forward_pass(
     vocab_size: int,
     *,
     features: bool = False,
+    tuning: Tuning | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Logits of the last `keep` positions of `sequence`, shape (keep, vocab_size),
     and, when `features` is set, the model's final hidden states (the input of
@@ -69,11 +74,13 @@ def forward_pass(
     With a cache, only the tokens it does not hold yet are fed (positions come
     from the cache's length); without one the whole sequence is recomputed.
     Logits beyond `vocab_size` (padding rows of the output layer) are dropped.
-    A model with a width plan (`widths.py`) is fed extra copies of the last
-    token when a wider pass is cheaper; they never reach the cache or the result.
-    Its linear layers multiply in the form the plan measured faster for the
-    width fed (`linear_forms.py`).
+    A model whose `tuning` has a width plan (`widths.py`) is fed extra copies
+    of the last token when a wider pass is cheaper; they never reach the cache
+    or the result. Its linear layers multiply in the form the plan measured
+    faster for the width fed (`linear_forms.py`). Without a tuning, every pass
+    is fed as it is, in the stock form.
     """
+    tuning = Tuning() if tuning is None else tuning  # untuned: as fed, stock form
     start = cached_length(cache)
     length = sequence.shape[0]
     if start >= length:
@@ -81,15 +88,14 @@ def forward_pass(
             f"cache holds {start} tokens but the sequence has {length}: nothing to feed"
         )
     fed = sequence[start:]
-    pad = 0 if cache is None else padded_width(model, length - start) - fed.shape[0]
+    pad = 0 if cache is None else tuning.padded_width(length - start) - fed.shape[0]
     if pad:
         limit = context_length(model)
         if limit is not None and length + pad > limit:
             pad = 0  # never feed positions past the context
     if pad:  # a wider pass is cheaper here (see widths.py); the padding is cut off again
         fed = torch.cat((fed, fed[-1:].expand(pad)))
-    plan = width_plan(model)
-    with weight_first_rows(plan.weight_first if plan is not None else frozenset()):
+    with weight_first_rows(tuning.weight_first):
         output = model(
             input_ids=fed.unsqueeze(0),
             past_key_values=cache,

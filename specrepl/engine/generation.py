@@ -1,15 +1,14 @@
 """The autoregressive and speculative generators.
 
-One decoding loop serves both: each step the drafter offers what it can
-draft, the gamma policy chooses a source and gamma, the drafter proposes up
-to gamma tokens, the target scores the sequence plus the drafts in one
-forward pass, and `verification.py` decides what to keep. The first step of
-every generation is the target's prompt pass alone, so the first token comes
-at the target's own pace; the drafter reads the prompt in the next step.
-Target-only (autoregressive) generation is the same loop with no drafts, so
-both share every cost that is not a model call. The loop yields a
-`StepEvent` per step; the `*_generate` functions collect them into a
-`GenerationResult`.
+One decoding loop serves both: this module sets a run up (the prompt
+checked against the context, the vocabulary width, the target's cache,
+reused from a `PromptCache` where it can be), runs the loop's steps
+(`steps.py`: draft, score, verify, keep) and collects their `StepEvent`s into
+a `GenerationResult` (the `*_generate` functions) or streams them (the
+`stream_*` ones). Target-only (autoregressive) generation is the same loop
+with no drafts, so both share every cost that is not a model call. The
+target's forward passes run as its `tuning.Tuning` says (passed in by the
+caller: width plan and linear forms).
 
 Invariant with caches on: before a step, each model's cache holds a prefix of
 the current sequence and at least its last token is uncached; after the step
@@ -20,30 +19,26 @@ This module never prints and knows nothing about chat templates.
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Generator, Iterable, Iterator
-from dataclasses import replace
+from collections.abc import Callable, Iterable, Iterator
 
 import torch
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
-from specrepl.engine.devices import synchronize
-from specrepl.engine.drafters.kinds import Draft, Drafter, as_drafter
-from specrepl.engine.forward import context_length, forward_pass, logits_width, model_device
-from specrepl.engine.gamma import Choice, FixedGamma, GammaPolicy
-from specrepl.engine.kv_cache import cached_length, new_cache, rollback_to
+from specrepl.engine.drafters.base import Drafter
+from specrepl.engine.drafters.model import as_drafter
+from specrepl.engine.forward import context_length, logits_width, model_device
+from specrepl.engine.gamma import FixedGamma, GammaPolicy
+from specrepl.engine.kv_cache import new_cache
 from specrepl.engine.processors import GreedyProcessor, LogitsProcessor
 from specrepl.engine.prompt_cache import PromptCache
 from specrepl.engine.results import (
-    BUDGET_END,
-    PROMPT_PASS,
     GenerationResult,
     GeneratorKind,
     StepEvent,
     StopReason,
 )
-from specrepl.engine.verification import verify_greedy, verify_sampling
-from specrepl.engine.widths import width_plan
+from specrepl.engine.steps import Clock, TargetRun, decode_steps
+from specrepl.engine.tuning import Tuning
 
 __all__ = [
     "ContextTooLongError",
@@ -69,29 +64,6 @@ class GenerationInterrupted(KeyboardInterrupt):
         self.result = result
 
 
-class _Clock:
-    """Wall time spent inside the generator, excluding the consumer's time
-    between steps; synchronizes the device before every reading."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.device = device
-        self.active = 0.0
-        self.resumed = 0.0
-
-    def now(self) -> float:
-        synchronize(self.device)
-        return time.perf_counter()
-
-    def resume(self) -> float:
-        self.resumed = self.now()
-        return self.resumed
-
-    def pause(self) -> float:
-        stamp = self.now()
-        self.active += stamp - self.resumed
-        return stamp
-
-
 def _end_tokens(eos_tokens_id: int | Iterable[int] | None) -> frozenset[int]:
     if eos_tokens_id is None:
         return frozenset()
@@ -115,6 +87,7 @@ def _run_loop(
     target: PreTrainedModel,
     drafter: Drafter | None,
     *,
+    tuning: Tuning | None,
     logits_processor: LogitsProcessor,
     gamma: int | GammaPolicy,
     max_gen_len: int,
@@ -139,15 +112,16 @@ def _run_loop(
     limit = max_gen_len if context is None else min(max_gen_len, context - len(inputs))
     limit_reason: StopReason = "length" if limit == max_gen_len else "context"
 
-    clock = _Clock(device)
+    clock = Clock(device)
     clock.resume()
     sequence = torch.tensor(inputs, dtype=torch.long, device=device)
     try:
         if drafter is not None:
             drafter.begin(sequence, vocab_size)
         cache, reused = _target_cache(target, inputs, drafter, use_cache, prompt_cache)
-        steps = _steps(
-            sequence, target, drafter, cache, policy, clock,
+        target_run = TargetRun(target, Tuning() if tuning is None else tuning, cache)
+        steps = decode_steps(
+            sequence, target_run, drafter, policy, clock,
             logits_processor=logits_processor, limit=limit, end_tokens=_end_tokens(eos_tokens_id),
             generator=generator, vocab_size=vocab_size,
         )  # fmt: skip
@@ -181,149 +155,6 @@ def _target_cache(
     if drafter is not None and drafter.uses_target_features:
         at_most = drafter.features_held()
     return prompt_cache.take(target, inputs, at_most)
-
-
-def _steps(
-    sequence: torch.Tensor,
-    target: PreTrainedModel,
-    drafter: Drafter | None,
-    cache: DynamicCache | None,
-    policy: GammaPolicy,
-    clock: _Clock,
-    *,
-    logits_processor: LogitsProcessor,
-    limit: int,
-    end_tokens: frozenset[int],
-    generator: torch.Generator | None,
-    vocab_size: int,
-) -> Generator[StepEvent, None, tuple[StopReason | None, torch.Tensor]]:
-    """Draft, verify, keep, until `limit` new tokens or an end token; returns the
-    end token's stop reason (None at the limit) and the final sequence."""
-    wants_features = drafter is not None and drafter.uses_target_features
-    wants_cache = drafter is not None and drafter.uses_target_cache
-    policy.start()
-    _prime(policy, target)
-    generated = 0
-    while generated < limit:
-        step_start = clock.now()
-        budget = limit - generated
-        if generated == 0:
-            # the first token comes from the target's own prompt pass, at its pace;
-            # the drafter reads the prompt in the next step
-            choice = Choice("", 0, PROMPT_PASS)
-        else:
-            choice = _choose(drafter, policy, sequence, budget)
-        draft = _draft(drafter, choice, sequence, logits_processor, generator, policy)
-        drafted_at = clock.now()
-        k = len(draft)
-        length = sequence.shape[0]
-        candidate = torch.cat((sequence, draft.tokens)) if k else sequence
-        fed_from = cached_length(cache)
-        logits, features = forward_pass(
-            target, candidate, cache, k + 1, vocab_size, features=wants_features
-        )
-        verified_at = clock.now()
-        accepted, token = _verify(draft, logits, logits_processor, generator, vocab_size)
-        appended = [*draft.tokens[:accepted].tolist(), token]
-        stop: StopReason | None = None
-        for index, appended_token in enumerate(appended):
-            if appended_token in end_tokens:
-                appended = appended[: index + 1]
-                stop = "eos"
-                break
-        sequence = torch.cat((candidate[: length + accepted], candidate.new_tensor([token])))
-        sequence = sequence[: length + len(appended)]
-        rollback_to(cache, length + accepted)
-        if drafter is not None:
-            extra: dict[str, object] = {}  # only what the drafter asked for
-            if features is not None:
-                extra["target_features"] = features[: length + accepted - fed_from]
-            if wants_cache:
-                extra["target_cache"] = cache
-            drafter.update(sequence, length + accepted, logits[: len(appended)], **extra)
-        generated += len(appended)
-        clock.pause()
-        event = StepEvent(
-            drafts=tuple(draft.tokens.tolist()),
-            accepted=accepted,
-            appended=tuple(appended),
-            draft_seconds=drafted_at - step_start,
-            target_seconds=verified_at - drafted_at,
-            seconds_since_start=clock.active,
-            requested_gamma=choice.gamma,
-            source=choice.source if k else "",
-            read_seconds=draft.read_seconds,
-            read_tokens=draft.read_tokens,
-            choice=choice.reason,
-            import_seconds=draft.import_seconds,
-            imported_tokens=draft.imported_tokens,
-        )
-        policy.observe(event)
-        yield event
-        clock.resume()
-        if stop is not None:
-            return stop, sequence
-    return None, sequence
-
-
-def _choose(
-    drafter: Drafter | None, policy: GammaPolicy, sequence: torch.Tensor, budget: int
-) -> Choice:
-    """The policy's choice of draft source and gamma among what the drafter offers
-    (at most `budget - 1` drafts: the target adds one token after them)."""
-    room = min(policy.max_gamma, budget - 1)
-    if drafter is None or room <= 0:
-        return Choice("", 0, "no drafter" if drafter is None else BUDGET_END)
-    choice = policy.choose(drafter.offers(sequence, room), budget)
-    return replace(choice, gamma=min(choice.gamma, room))
-
-
-def _draft(
-    drafter: Drafter | None,
-    choice: Choice,
-    sequence: torch.Tensor,
-    processor: LogitsProcessor,
-    generator: torch.Generator | None,
-    policy: GammaPolicy,
-) -> Draft:
-    if drafter is None or choice.gamma <= 0:
-        return Draft(sequence.new_empty(0), None)
-    return drafter.propose_source(
-        choice.source, sequence, choice.gamma, processor, generator, policy.min_confidence
-    )
-
-
-def _verify(
-    draft: Draft,
-    logits: torch.Tensor,
-    processor: LogitsProcessor,
-    generator: torch.Generator | None,
-    vocab_size: int,
-) -> tuple[int, int]:
-    """How many drafts the target keeps and the token it adds after them."""
-    if processor.is_greedy:
-        return verify_greedy(draft.tokens, logits)
-    target_probs = processor.probabilities(logits)
-    draft_probs = draft.probs
-    if draft_probs is None:  # a deterministic drafter: a point mass q
-        draft_probs = torch.nn.functional.one_hot(draft.tokens, vocab_size).float()
-    return verify_sampling(draft.tokens, draft_probs, target_probs, generator)
-
-
-def _prime(policy: GammaPolicy, target: PreTrainedModel) -> None:
-    """Tell the policy the target's step costs per number of drafts, from its
-    forward-width timings (a step with k drafts feeds k + 1 tokens, padded to
-    the width the plan chose)."""
-    plan = width_plan(target)
-    if plan is None:
-        return
-    policy.prime(
-        {
-            width - 1: plan.seconds[padded]
-            for width, padded in plan.padded.items()
-            if padded in plan.seconds
-        }
-    )
 
 
 def _collect(
@@ -371,6 +202,7 @@ def stream_speculative(
     generator: torch.Generator | None = None,
     vocab_size: int | None = None,
     prompt_cache: PromptCache | None = None,
+    tuning: Tuning | None = None,
 ) -> Iterator[StepEvent]:
     """Speculative decoding as an iterator of steps (see `speculative_generate`)."""
     return _run_loop(
@@ -385,6 +217,7 @@ def stream_speculative(
         generator=generator,
         vocab_size=vocab_size,
         prompt_cache=prompt_cache,
+        tuning=tuning,
     )
 
 
@@ -399,6 +232,7 @@ def stream_autoregressive(
     generator: torch.Generator | None = None,
     vocab_size: int | None = None,
     prompt_cache: PromptCache | None = None,
+    tuning: Tuning | None = None,
 ) -> Iterator[StepEvent]:
     """Plain decoding with one model, one token per step, as an iterator of steps."""
     return _run_loop(
@@ -413,6 +247,7 @@ def stream_autoregressive(
         generator=generator,
         vocab_size=vocab_size,
         prompt_cache=prompt_cache,
+        tuning=tuning,
     )
 
 
@@ -431,6 +266,7 @@ def speculative_generate(
     tokenizer: PreTrainedTokenizerBase | None = None,
     on_step: StepCallback | None = None,
     prompt_cache: PromptCache | None = None,
+    tuning: Tuning | None = None,
 ) -> GenerationResult:
     """Generate up to `max_gen_len` new tokens after `inputs` with speculative decoding.
 
@@ -447,6 +283,10 @@ def speculative_generate(
     cache from one call to the next: the prompt tokens it already holds are not
     fed again (a chat). The drafter keeps its own state when it was built to
     (`keep_between_prompts`).
+
+    `tuning` is the target's (`tuning.Tuning`, made by whoever loaded it: a
+    loaded pair's `pair.target.tuning`): the width plan and linear forms its
+    forward passes run with. None runs it untuned (same output, stock cost).
     """
     steps = stream_speculative(
         inputs,
@@ -460,6 +300,7 @@ def speculative_generate(
         generator=generator,
         vocab_size=vocab_size,
         prompt_cache=prompt_cache,
+        tuning=tuning,
     )
     return _collect("speculative", inputs, steps, tokenizer, on_step)
 
@@ -477,11 +318,12 @@ def autoregressive_generate(
     tokenizer: PreTrainedTokenizerBase | None = None,
     on_step: StepCallback | None = None,
     prompt_cache: PromptCache | None = None,
+    tuning: Tuning | None = None,
 ) -> GenerationResult:
     """Generate with `model` alone, one token per forward pass (the reference output).
 
-    `prompt_cache` carries the model's cache from one call to the next (see
-    `speculative_generate`)."""
+    `prompt_cache` carries the model's cache from one call to the next, and
+    `tuning` is the model's (see `speculative_generate`)."""
     steps = stream_autoregressive(
         inputs,
         model,
@@ -492,5 +334,6 @@ def autoregressive_generate(
         generator=generator,
         vocab_size=vocab_size,
         prompt_cache=prompt_cache,
+        tuning=tuning,
     )
     return _collect("autoregressive", inputs, steps, tokenizer, on_step)

@@ -11,11 +11,18 @@ while the target's bf16 copy was faster in the stock form at every width.
 Which form is cheaper depends on the CPU, the BLAS, the
 dtype and the number of rows, so nothing here decides: `widths.py` times both
 forms per width once per model and machine, and `forward.forward_pass` runs
-each pass with the set of row counts that measured faster weight first.
+each pass with the set of row counts that measured faster weight first (the
+plan's, from the model's `tuning.Tuning`).
 
 `allow_forms(model)` gives a model's plain `torch.nn.Linear` layers a forward
-that reads that set (through `weight_first_rows`); outside such a block, and
-for every other layer type (quantized layers included), nothing changes, so
+that can read that set, by a change of their class (transformers builds the
+layers, and a layer's class decides its forward); `stock_forms` changes them
+back. Only the loader calls them (`specrepl.models.tuning`, which records the
+change in the model's `Tuning`). The set reaches the layers through
+`weight_first_rows`, a context variable set for the length of one forward
+pass by the code that calls the model (a model's `forward` has no argument
+that would reach its linear layers); outside such a block, and for every
+other layer type (quantized layers included), nothing changes, so
 transformers' own `generate()` (bench's peers) runs the stock form. The
 weights are not copied or moved. Both forms give the same products up to
 rounding, like any change of kernel.
@@ -33,7 +40,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["FormChoosingLinear", "allow_forms", "forms_allowed", "weight_first_rows"]
+__all__ = [
+    "FormChoosingLinear",
+    "allow_forms",
+    "forms_allowed",
+    "stock_forms",
+    "weight_first_rows",
+]
 
 _WEIGHT_FIRST: ContextVar[frozenset[int]] = ContextVar("weight_first_rows", default=frozenset())
 
@@ -79,6 +92,13 @@ def allow_forms(model: nn.Module) -> int:
         if _eligible(module):
             module.__class__ = FormChoosingLinear
     return sum(isinstance(module, FormChoosingLinear) for module in model.modules())
+
+
+def stock_forms(model: nn.Module) -> None:
+    """Undo `allow_forms`: every layer it switched is a plain `nn.Linear` again."""
+    for module in model.modules():
+        if type(module) is FormChoosingLinear:
+            module.__class__ = nn.Linear
 
 
 def forms_allowed(model: nn.Module) -> bool:

@@ -1,9 +1,10 @@
 """llama.cpp through llama-cpp-python: whether it is here, and opening a GGUF file with it.
 
 Two parts of specrepl run a model's GGUF file in llama.cpp: the llama.cpp
-drafter (`llamacpp_drafter.py`: the drafter model's own file, with 4-bit
-kernels a CPU runs far faster than torch's float32 or bfloat16) and bench's
-llama.cpp peer (`bench/llamacpp.py`). Both open it here.
+drafter (`drafters/llamacpp.py`, chosen in `drafters/runtime.py`: the drafter
+model's own file, with 4-bit kernels a CPU runs far faster than torch's float32
+or bfloat16) and bench's llama.cpp peer (`measure/bench/llamacpp.py`). Both
+open it here.
 
 llama-cpp-python has no wheel on PyPI: `bash scripts/setup.sh` compiles it
 (several minutes; a build that fails leaves specrepl working without it).

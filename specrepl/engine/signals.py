@@ -5,7 +5,8 @@ Ctrl-C raises `KeyboardInterrupt` (Python's default) and SIGTERM, inside
 exception, so every `with` block on the way restores what it changed (the
 terminal's echo and raw mode, rich's live panels, temporary files) before the
 entry point prints one line and exits with the status a shell reports for the
-signal: 130 and 143.
+signal: 130 and 143. The other exit statuses every entry point shares are
+named here too (0, 1, 2).
 
 Only the standard library is imported here: the launcher uses this module
 before torch and transformers are imported.
@@ -21,13 +22,22 @@ from collections.abc import Iterator
 from types import FrameType
 
 __all__ = [
+    "EXIT_FAILED",
     "EXIT_INTERRUPTED",
+    "EXIT_OK",
     "EXIT_TERMINATED",
+    "EXIT_USAGE",
     "Terminated",
     "ctrl_c_insists",
     "signals_held",
     "sigterm_unwinds",
 ]
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+"""A model that cannot be loaded, a refusal, a failed check (soak, replay)."""
+EXIT_USAGE = 2
+"""A bad flag, config or input file."""
 
 EXIT_INTERRUPTED = 128 + signal.SIGINT
 """The status after Ctrl-C (130)."""

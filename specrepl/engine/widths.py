@@ -5,67 +5,46 @@ forward pass need not grow with that width: the matrix kernels change with the
 number of rows, and on the 2-core machine this project is measured on, the
 embedded float32 target took 58, 97, 119, 89 and 81 ms for widths 1 to 5. A
 width plan, measured once per model, maps each width to the cheapest width at
-least as large; `forward.forward_logits` then pads the fed tokens up to it,
-keeps the logits of the real positions and crops the padding out of the cache
-again. Causal attention means the padding cannot change the real positions'
-logits (beyond the rounding any change of kernel brings).
-
-Stored plans (`tune_pair_widths(store=...)`) are keyed by the model as
-loaded, the CPU, the thread count and the torch version, so another machine or
-an upgrade measures again; a plan is also measured again once it is older than
-`MAX_PLAN_AGE_DAYS`, or on request (`retime=True`), and a measurement whose
-repeats disagree by more than `NOISY_SPREAD` (the machine was busy) is used for
-the session but not stored, so it cannot slow every later start down.
+least as large; `forward.forward_pass` then pads the fed tokens up to it (the
+plan reaches it in the model's `tuning.Tuning`), keeps the logits of the real
+positions and crops the padding out of the cache again. Causal attention means
+the padding cannot change the real positions' logits (beyond the rounding any
+change of kernel brings).
 
 Each width is timed in two forms of the linear layers' product where the
 model allows it (`linear_forms.py`: `F.linear`'s x Wᵀ and the weight-first
 (W xᵀ)ᵀ, which some CPU BLAS libraries run much faster for a few rows), and the
 plan keeps, per width, the cheaper of the two.
 
-This module times models and keeps their plans; it knows nothing about
-drafting or acceptance.
+This module times a model and makes its plan; it keeps nothing. Which plans
+are stored, and for which models, is `specrepl.models.tuning`'s business. It
+knows nothing about drafting or acceptance.
 """
 
 from __future__ import annotations
 
-import json
 import platform
 import statistics
 import time
-import weakref
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 from transformers import PreTrainedModel
 
 from specrepl.engine.devices import synchronize
 from specrepl.engine.kv_cache import new_cache, rollback_to
-from specrepl.engine.linear_forms import allow_forms, weight_first_rows
-from specrepl.store.atomic import write_text_atomically
+from specrepl.engine.linear_forms import weight_first_rows
 
 __all__ = [
-    "MAX_PLAN_AGE_DAYS",
-    "NOISY_SPREAD",
     "WidthPlan",
-    "clear_width_plan",
     "cpu_model",
-    "install_width_plan",
     "measure_plan",
+    "measure_width_samples",
     "measure_widths",
-    "one_token_step",
-    "padded_width",
     "plan_widths",
-    "set_width_plan",
-    "tune_pair_widths",
-    "tune_widths",
-    "width_plan",
+    "spread",
 ]
-
-
-MAX_PLAN_AGE_DAYS = 30
-NOISY_SPREAD = 0.25  # (second largest - second smallest) / median of one width's repeats
 
 
 @dataclass(frozen=True)
@@ -84,42 +63,14 @@ class WidthPlan:
             "weight_first": sorted(self.weight_first),
         }
 
-
-_PLANS: weakref.WeakKeyDictionary[PreTrainedModel, WidthPlan] = weakref.WeakKeyDictionary()
-
-
-def set_width_plan(model: PreTrainedModel, plan: WidthPlan) -> None:
-    _PLANS[model] = plan
-
-
-def install_width_plan(model: PreTrainedModel, plan: WidthPlan) -> None:
-    """Give `model` a plan measured before (stored, or on an earlier load of the
-    same model): its layers take the weight-first form where the plan says so."""
-    if plan.weight_first:
-        allow_forms(model)
-    set_width_plan(model, plan)
-
-
-def clear_width_plan(model: PreTrainedModel) -> None:
-    _PLANS.pop(model, None)
-
-
-def width_plan(model: PreTrainedModel) -> WidthPlan | None:
-    return _PLANS.get(model)
-
-
-def one_token_step(model: PreTrainedModel) -> float | None:
-    """The model's measured seconds for a one-token step (its width plan), if timed."""
-    plan = _PLANS.get(model)
-    return None if plan is None else plan.seconds.get(1)
-
-
-def padded_width(model: PreTrainedModel, width: int) -> int:
-    """The width to feed instead of `width` (itself when there is no plan)."""
-    plan = _PLANS.get(model)
-    if plan is None:
-        return width
-    return plan.padded.get(width, width)
+    def step_seconds(self) -> dict[int, float]:
+        """Measured seconds of a step with k drafts, by k: it feeds k + 1 tokens,
+        padded to the width the plan chose."""
+        return {
+            width - 1: self.seconds[padded]
+            for width, padded in self.padded.items()
+            if padded in self.seconds
+        }
 
 
 def measure_widths(
@@ -208,16 +159,19 @@ def plan_widths(
     return WidthPlan(seconds=dict(seconds), padded=padded, weight_first=chosen)
 
 
-def measure_plan(model: PreTrainedModel, max_width: int, **measure: int) -> tuple[WidthPlan, float]:
-    """Time every width in the stock form and, where the model allows it
-    (`linear_forms.allow_forms`), weight first; plan with the cheaper form of
-    each width. Returns the plan and the spread of the noisiest timings."""
-    allowed = allow_forms(model)  # before timing the stock form: passes run as these layers
+def measure_plan(
+    model: PreTrainedModel, max_width: int, *, forms: bool = False, **measure: int
+) -> tuple[WidthPlan, float]:
+    """Time every width in the stock form and, when the model's layers can take
+    it (`forms`: they were switched by `linear_forms.allow_forms` before, so that
+    the stock form is timed on the layers that will run it), weight first; plan
+    with the cheaper form of each width. Returns the plan and the spread of the
+    noisiest timings."""
     stock = measure_width_samples(model, max_width, **measure)
     samples = [stock]
     seconds = {w: statistics.median(t) for w, t in stock.items()}
     weight_first: set[int] = set()
-    if allowed:
+    if forms:
         other = measure_width_samples(model, max_width, weight_first=frozenset(stock), **measure)
         samples.append(other)
         for width, times in other.items():
@@ -226,13 +180,6 @@ def measure_plan(model: PreTrainedModel, max_width: int, **measure: int) -> tupl
                 weight_first.add(width)
     plan = plan_widths(seconds, weight_first=frozenset(weight_first))
     return plan, max(spread(s) for s in samples)
-
-
-def tune_widths(model: PreTrainedModel, max_width: int, **measure: int) -> WidthPlan:
-    """Measure `model` and install its plan (used by every later forward pass)."""
-    plan, _ = measure_plan(model, max_width, **measure)
-    set_width_plan(model, plan)
-    return plan
 
 
 def cpu_model() -> str:
@@ -245,87 +192,3 @@ def cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine() or "unknown"
-
-
-def _plan_key(loaded: Any, max_width: int) -> str:
-    """What a stored plan must match: the model as loaded, the machine, torch."""
-    parts = (
-        loaded.name,
-        str(loaded.dtype),
-        str(loaded.quantization),
-        str(loaded.parameters),
-        str(loaded.device),
-        cpu_model(),
-        f"threads={torch.get_num_threads()}",
-        f"torch={torch.__version__}",
-        f"widths=1..{max_width}",
-    )
-    return " | ".join(parts)
-
-
-def _read_store(store: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(store.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
-def _stored_plan(entry: Any, now: float) -> WidthPlan | None:
-    """The plan of a stored entry, if it is well formed and not too old."""
-    try:
-        seconds = {int(w): float(t) for w, t in entry["seconds"].items()}
-        measured = float(entry["measured_at"])
-        # a plan stored before the form was chosen per width lacks the key: measured again
-        weight_first = frozenset(int(w) for w in entry["weight_first"])
-    except (KeyError, TypeError, ValueError, AttributeError):
-        return None
-    if not 0 <= now - measured <= MAX_PLAN_AGE_DAYS * 86400:
-        return None
-    if not seconds or not all(t > 0 for t in seconds.values()):
-        return None
-    return plan_widths(seconds, weight_first=weight_first)
-
-
-def tune_pair_widths(
-    pair: Any, max_gamma: int, *, store: Path | None = None, retime: bool = False
-) -> dict[str, WidthPlan]:
-    """Tune the target and, when it is a different model, the drafter of a
-    model pair (`.target` and an optional `.drafter`, each a `LoadedModel`)
-    for widths up to max_gamma + 1, and install the plans; returns them by
-    role. With `store` (a JSON file), timings measured before for the same
-    model, machine and torch, less than `MAX_PLAN_AGE_DAYS` ago, are reused
-    unless `retime`; new ones are added to it unless their repeats were noisy."""
-    loaded = {"target": pair.target}
-    drafter = getattr(pair, "drafter", None)
-    if drafter is not None and drafter.model is not pair.target.model:
-        loaded["drafter"] = drafter
-    max_width = max_gamma + 1
-    saved = _read_store(store) if store is not None else {}
-    now = time.time()
-    plans: dict[str, WidthPlan] = {}
-    for role, model in loaded.items():
-        key = _plan_key(model, max_width)
-        plan = None if retime else _stored_plan(saved.get(key), now)
-        if plan is None:
-            plan, noise = measure_plan(model.model, max_width)
-            if noise <= NOISY_SPREAD:
-                saved[key] = {
-                    "seconds": plan.seconds,
-                    "weight_first": sorted(plan.weight_first),
-                    "measured_at": now,
-                    "spread": noise,
-                }
-            else:
-                saved.pop(key, None)
-            set_width_plan(model.model, plan)
-        else:
-            install_width_plan(model.model, plan)
-        plans[role] = plan
-    if store is not None:
-        try:
-            store.parent.mkdir(parents=True, exist_ok=True)
-            write_text_atomically(store, json.dumps(saved, indent=1))
-        except OSError:
-            pass  # a read-only cache only costs a new measurement next time
-    return plans

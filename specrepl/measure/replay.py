@@ -8,7 +8,10 @@ the first token and tokens/s, and whether both sessions gave the same tokens.
 The order of the two sessions alternates from turn to turn, so a slow moment
 of the machine does not always land on the same side.
 
-This module measures and returns figures; render.py draws them.
+`run` is the subcommand: its own few fields are the chat file and `--json`
+(the settings are the sessions', from the config and flags as everywhere); the
+models come from the application's front door and everything shown goes
+through its renderer (see front.py), so this module never prints.
 """
 
 from __future__ import annotations
@@ -18,15 +21,23 @@ import json
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import ClassVar, Protocol
 
 from specrepl.chat.flags import add_model_options, add_setting_options
+from specrepl.chat.session import ChatSession
+from specrepl.engine.signals import EXIT_FAILED, EXIT_OK, EXIT_USAGE
+from specrepl.measure.front import MeasureFront, MeasureView, config_block, write_report
 from specrepl.store.paths import default_chat_path
 
-if TYPE_CHECKING:
-    from specrepl.chat.session import ChatSession
-
-__all__ = ["ReplayResult", "TurnFigures", "add_arguments", "load_turns", "replay"]
+__all__ = [
+    "ReplayResult",
+    "ReplayView",
+    "TurnFigures",
+    "add_arguments",
+    "load_turns",
+    "replay",
+    "run",
+]
 
 DEFAULT_CHAT = default_chat_path()
 MODES = ("kept", "dropped")
@@ -49,6 +60,10 @@ class TurnFigures:
 
 @dataclass
 class ReplayResult:
+    """Every turn's figures, per session and generator; turns whose tokens differed."""
+
+    MODES: ClassVar[tuple[str, ...]] = MODES
+    """The two sessions, in the order they are shown."""
     turns: int = 0
     figures: list[TurnFigures] = field(default_factory=list)
     mismatched_turns: list[int] = field(default_factory=list)
@@ -171,3 +186,48 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", dest="json_out", metavar="OUT", help="write every figure here")
     add_model_options(parser, after_subcommand=True)
     add_setting_options(parser, after_subcommand=True)
+
+
+class ReplayView(MeasureView, Protocol):
+    """What `run` draws (app/render/measure.py's `MeasureRenderer` has it)."""
+
+    def replay_report(self, result: ReplayResult) -> None:
+        """Per turn, each session's figures; how the first-token time grew."""
+        ...
+
+
+def run(args: argparse.Namespace, front: MeasureFront[ReplayView]) -> int:
+    """`python infer.py replay`: the chat file read before any model loads, both
+    sessions on the loaded models, the report, and the `--json` file.
+
+    Exit status: 0; 1 (the sessions' tokens differ, a refusal, models that
+    cannot load, a `--json` file that cannot be written); 2 (a chat file that
+    cannot be read, a bad flag or config); 130 (Ctrl-C).
+    """
+    view = front.view
+    try:
+        turns = load_turns(args.chat_file)
+    except (OSError, ValueError) as error:
+        view.fatal(f"replay: {error}")
+        return EXIT_USAGE
+    started = front.start()
+    if isinstance(started, int):
+        return started
+    config, kept = started
+    dropped = ChatSession(kept.pair, kept.settings)
+    try:
+        view.loaded(kept.pair, kept.head_summary(), kept.runtime_summary())
+        with view.progress("replay", len(turns)) as advance:
+            result = replay(kept, dropped, turns, on_turn=advance)
+        view.replay_report(result)
+    except KeyboardInterrupt:
+        return front.stopped("Interrupted.")
+    if args.json_out:
+        payload = {
+            "config": config_block(config, kept.pair, kept.settings, chat_file=str(args.chat_file)),
+            "result": result.to_dict(),
+        }
+        failed = write_report(view, args.json_out, json.dumps(payload, indent=1) + "\n")
+        if failed is not None:
+            return failed
+    return EXIT_FAILED if result.mismatched_turns or result.refusal else EXIT_OK

@@ -1,15 +1,17 @@
 """`python infer.py distill`: train a draft head for the target, start to finish.
 
 The stages, each resumable from its files in the work directory:
-prompts the target writes (`distill_data.make_prompts`), its greedy answers
-and features (`distill_data.make_answers`), training (`distill_train.train_head`),
-then a head directory (`draft_head.save_head`) that records the target's
-fingerprint, the draft vocabulary, the data, the settings, the time spent and
-the held-back agreement. Rerunning the same command after Ctrl-C or a crash
-continues where it stopped.
+prompts the target writes (`data.make_prompts`), its greedy answers and
+features (`data.make_answers`), training (`training.train_head`), then a head
+directory (`head_store.save_head`) that records the target's fingerprint, the
+draft vocabulary, the data, the settings, the time spent and the held-back
+agreement. Rerunning the same command after Ctrl-C or a crash continues where
+it stopped.
 
-This module declares the subcommand's flags and runs the stages; it does not
-print (the callbacks it is given do) and knows nothing about decoding.
+This module declares the subcommand's flags and runs it (`run(args, front)`):
+the target comes from the application's front door and everything shown goes
+through the front's view (app/front.py, app/render/distill.py), so it does not
+print. It knows nothing about decoding.
 """
 
 from __future__ import annotations
@@ -18,22 +20,37 @@ import argparse
 import copy
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from transformers import PreTrainedModel
 
-from specrepl.version import __version__
-from specrepl.engine.drafters.draft_head import head_parameters, save_head, target_fingerprint
+from specrepl.engine.drafters.draft_head import head_parameters
+from specrepl.engine.drafters.head_store import save_head, target_fingerprint
+from specrepl.engine.signals import EXIT_OK, EXIT_USAGE
 from specrepl.models.pair import ModelPair
 from specrepl.models.prompting import chat_prompt_ids
+from specrepl.store.paths import distill_root
 from specrepl.train.data import DataProgress, load_shards, make_answers, make_prompts
 from specrepl.train.training import TrainProgress, TrainSettings, train_head
+from specrepl.version import __version__
 
-__all__ = ["DistillOptions", "add_arguments", "distill", "options_from_args"]
+__all__ = [
+    "DistillFront",
+    "DistillOptions",
+    "DistillView",
+    "add_arguments",
+    "distill",
+    "options_from_args",
+    "run",
+]
+
+TRAIN = TrainSettings()
+"""The training defaults, which the flags show."""
 
 
 @dataclass(frozen=True)
@@ -51,6 +68,7 @@ class DistillOptions:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags of `python infer.py distill`; the model flags come before `distill`."""
     parser.description = (
         "Train a draft head for the target: it writes its own prompts, answers them, "
         "and a small network learns to draft from its hidden states. Resumable: run "
@@ -69,65 +87,74 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--prompts",
         type=int,
-        default=3500,
+        default=DistillOptions.prompts,
         metavar="N",
-        help="prompts the target writes (default 3500)",
+        help=f"prompts the target writes (default {DistillOptions.prompts})",
     )
     parser.add_argument(
         "--data-tokens",
         type=int,
-        default=500_000,
+        default=DistillOptions.data_tokens,
         metavar="N",
-        help="answer tokens to generate at most (default 500000)",
+        help=f"answer tokens to generate at most (default {DistillOptions.data_tokens})",
     )
     parser.add_argument(
-        "--answer-tokens", type=int, default=256, metavar="N", help="longest answer (default 256)"
+        "--answer-tokens",
+        type=int,
+        default=DistillOptions.max_new_tokens,
+        metavar="N",
+        help=f"longest answer (default {DistillOptions.max_new_tokens})",
     )
     parser.add_argument(
         "--writer-dtype",
         choices=("auto", "float32", "bfloat16"),
-        default="auto",
+        default=DistillOptions.writer_dtype,
         help="precision of the model copy that writes the answers (auto: the "
         "faster one, timed here; features always come from the target)",
     )
     parser.add_argument(
-        "--minutes", type=float, default=25.0, metavar="M", help="training time budget (default 25)"
+        "--minutes",
+        type=float,
+        default=TRAIN.max_minutes,
+        metavar="M",
+        help=f"training time budget (default {TRAIN.max_minutes:g})",
     )
     parser.add_argument(
         "--train-tokens",
         type=int,
-        default=None,
+        default=TRAIN.max_tokens,
         metavar="N",
         help="training token budget (stops at whichever comes first)",
     )
     parser.add_argument(
         "--draft-vocab",
         type=int,
-        default=8192,
+        default=TRAIN.draft_vocab,
         metavar="N",
-        help="tokens the head can draft, the most frequent (default 8192)",
+        help=f"tokens the head can draft, the most frequent (default {TRAIN.draft_vocab})",
     )
     parser.add_argument(
         "--depth",
         type=int,
-        default=2,
+        default=TRAIN.depth,
         metavar="N",
-        help="draft positions unrolled in training (default 2)",
+        help=f"draft positions unrolled in training (default {TRAIN.depth})",
     )
-    parser.add_argument("--learning-rate", type=float, default=1e-3, metavar="X")
+    parser.add_argument("--learning-rate", type=float, default=TRAIN.learning_rate, metavar="X")
     parser.add_argument(
         "--batch-sequences",
         type=int,
-        default=1,
+        default=TRAIN.batch_sequences,
         metavar="N",
-        help="answers per training step (default 1: more steps in the same time)",
+        help=f"answers per training step (default {TRAIN.batch_sequences}: more steps in the"
+        " same time)",
     )
     parser.add_argument(
         "--distill-seed",
         type=int,
-        default=0,
+        default=DistillOptions.seed,
         metavar="N",
-        help="seed of the prompts and of training (default 0)",
+        help=f"seed of the prompts and of training (default {DistillOptions.seed})",
     )
 
 
@@ -268,7 +295,7 @@ def distill(
         "draft_vocab": int(state.head.token_ids.shape[0]),
         "parameters": head_parameters(state.head),
         "data": {
-            "prompts": "written by the target itself (Magpie-style, see specrepl/distill_data.py)",
+            "prompts": "written by the target itself (Magpie-style, see specrepl/train/data.py)",
             "prompt_count": len(records),
             "answer_tokens": answer_tokens,
             "max_new_tokens": options.max_new_tokens,
@@ -288,3 +315,68 @@ def distill(
     }
     save_head(state.head, options.output, description)
     return description
+
+
+class DistillView(Protocol):
+    """What `run` draws (app/render/distill.py's `DistillRenderer` has it)."""
+
+    def fatal(self, message: str) -> None: ...
+
+    def note(self, message: str) -> None: ...
+
+    def distill_progress(
+        self,
+    ) -> AbstractContextManager[
+        tuple[Callable[[DataProgress], None], Callable[[TrainProgress], None]]
+    ]: ...
+
+    def distilled(self, description: dict[str, Any], output: str) -> None: ...
+
+
+class DistillFront(Protocol):
+    """The command line's side of `distill` (app/front.py's `Front`)."""
+
+    @property
+    def view(self) -> DistillView: ...
+
+    def load_target(self) -> ModelPair | int:
+        """The config's target alone, loaded as every entry point loads it, or the
+        exit status after the message (a bad flag or config, a target that cannot
+        load). Ctrl-C is left to the caller."""
+        ...
+
+    def stopped(self, message: str) -> int:
+        """Say that Ctrl-C ended the command; the exit status to return (130)."""
+        ...
+
+
+def run(args: argparse.Namespace, front: DistillFront) -> int:
+    """`python infer.py distill`: the target loaded, the flags checked, every stage
+    under progress bars, and what was written.
+
+    Exit status: 0; 1 (the target cannot be loaded); 2 (a bad flag or config);
+    130 (Ctrl-C: the last checkpoint is kept, the same command resumes).
+    """
+    view = front.view
+    try:
+        pair = front.load_target()
+        if isinstance(pair, int):
+            return pair
+        options = options_from_args(args, distill_root() / target_fingerprint(pair.target.model))
+    except ValueError as error:
+        view.fatal(f"distill: {error}")
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        return front.stopped("Interrupted while loading the target.")
+    view.note(f"distill: work directory {options.work} (rerun the same command to resume)")
+    try:
+        with view.distill_progress() as (on_data, on_train):
+            description = distill(
+                pair, options, on_data=on_data, on_train=on_train, on_message=view.note
+            )
+    except KeyboardInterrupt:
+        return front.stopped(
+            "Interrupted: the last checkpoint is kept; run the same command again to resume."
+        )
+    view.distilled(description, str(options.output))
+    return EXIT_OK

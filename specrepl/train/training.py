@@ -1,4 +1,4 @@
-"""Training a draft head on self-distilled data (see `distill_data.py`).
+"""Training a draft head on self-distilled data (see `data.py`).
 
 The head reads the target's feature f_t and the token x_{t+1} and learns the
 target's distribution over x_{t+2}: a soft cross-entropy against the target's

@@ -73,69 +73,90 @@ class LayoutError(ValueError):
     """A sequence state this module cannot read or write."""
 
 
-def _parse(data: bytes) -> tuple[StateLayout, np.ndarray, np.ndarray]:
-    """The layout of one sequence state (one stream, seq 0, no cell extras)
-    and its keys and values as float32 arrays (layers, cells, width); raises
-    LayoutError for anything else."""
-    offset = 0
+class _StateReader:
+    """Reads a sequence state front to back; LayoutError where it ends early."""
 
-    def read(fmt: str) -> tuple[Any, ...]:
-        nonlocal offset
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+        self.offset = 0
+
+    def read(self, fmt: str) -> tuple[Any, ...]:
+        """The next `struct` fields of format `fmt`."""
         size = struct.calcsize(fmt)
-        if offset + size > len(data):
+        if self.offset + size > len(self.data):
             raise LayoutError("the state ends early")
-        values = struct.unpack_from(fmt, data, offset)
-        offset += size
+        values = struct.unpack_from(fmt, self.data, self.offset)
+        self.offset += size
         return values
 
-    magic, seq, streams, cells = read("<IiII")
+    def block(self, type_id: int, width: int, rows: int) -> np.ndarray:
+        """The next `width` x `rows` elements of ggml type `type_id`, as float32 (flat)."""
+        if type_id not in _TYPES:
+            raise LayoutError(f"keys or values of ggml type {type_id} (only f32 and f16 are known)")
+        dtype = _TYPES[type_id][0]
+        count = width * rows
+        if self.offset + count * np.dtype(dtype).itemsize > len(self.data):
+            raise LayoutError("the state ends early")
+        array = np.frombuffer(self.data, dtype=dtype, count=count, offset=self.offset)
+        self.offset += count * np.dtype(dtype).itemsize
+        return array.astype(np.float32)
+
+    def finish(self) -> None:
+        if self.offset != len(self.data):
+            raise LayoutError(f"{len(self.data) - self.offset} bytes left unread")
+
+
+def _read_header(reader: _StateReader) -> tuple[int, bool, int]:
+    """The header and cell records of one stream holding seq 0 only: returns
+    the number of cells, whether values are transposed, and the layer count."""
+    magic, seq, streams, cells = reader.read("<IiII")
     if magic != _MAGIC or seq != 0 or streams != 1 or cells == 0:
         raise LayoutError(
             f"unexpected header (magic {magic:#x}, seq {seq}, streams {streams}, cells {cells})"
         )
     for position in range(cells):
-        pos, count, owner = read("<iIi")
+        pos, count, owner = reader.read("<iIi")
         if (pos, count, owner) != (position, 1, 0):
             raise LayoutError(f"unexpected cell record {(pos, count, owner)} at {position}")
-    transposed, layers = read("<II")
+    transposed, layers = reader.read("<II")
+    return cells, bool(transposed), layers
 
-    def block(type_id: int, width: int, rows: int) -> np.ndarray:
-        nonlocal offset
-        if type_id not in _TYPES:
-            raise LayoutError(f"keys or values of ggml type {type_id} (only f32 and f16 are known)")
-        dtype = _TYPES[type_id][0]
-        count = width * rows
-        if offset + count * np.dtype(dtype).itemsize > len(data):
-            raise LayoutError("the state ends early")
-        array = np.frombuffer(data, dtype=dtype, count=count, offset=offset)
-        offset += count * np.dtype(dtype).itemsize
-        return array.astype(np.float32)
 
-    keys, values, key_types, value_types, widths = [], [], set(), set(), set()
-    for _ in range(layers):
-        key_type, row = read("<iQ")
-        if key_type not in _TYPES or row % np.dtype(_TYPES[key_type][0]).itemsize:
-            raise LayoutError(f"keys of ggml type {key_type}, {row} bytes a row")
-        width = row // np.dtype(_TYPES[key_type][0]).itemsize
-        keys.append(block(key_type, width, cells).reshape(cells, width))
-        key_types.add(key_type)
-        widths.add(width)
-    for _ in range(layers):
-        if transposed:
-            value_type, element, width = read("<iII")
-            if value_type not in _TYPES or element != np.dtype(_TYPES[value_type][0]).itemsize:
-                raise LayoutError(f"values of ggml type {value_type}, {element} bytes an element")
-            values.append(block(value_type, width, cells).reshape(width, cells).T)
-        else:
-            value_type, row = read("<iQ")
-            if value_type not in _TYPES:
-                raise LayoutError(f"values of ggml type {value_type}")
-            width = row // np.dtype(_TYPES[value_type][0]).itemsize
-            values.append(block(value_type, width, cells).reshape(cells, width))
-        value_types.add(value_type)
-        widths.add(width)
-    if offset != len(data):
-        raise LayoutError(f"{len(data) - offset} bytes left unread")
+def _read_keys(reader: _StateReader, cells: int) -> tuple[np.ndarray, int, int]:
+    """One layer's keys (cells, width), their ggml type and width."""
+    key_type, row = reader.read("<iQ")
+    if key_type not in _TYPES or row % np.dtype(_TYPES[key_type][0]).itemsize:
+        raise LayoutError(f"keys of ggml type {key_type}, {row} bytes a row")
+    width = row // np.dtype(_TYPES[key_type][0]).itemsize
+    return reader.block(key_type, width, cells).reshape(cells, width), key_type, width
+
+
+def _read_values(reader: _StateReader, cells: int, transposed: bool) -> tuple[np.ndarray, int, int]:
+    """One layer's values (cells, width), their ggml type and width."""
+    if transposed:
+        value_type, element, width = reader.read("<iII")
+        if value_type not in _TYPES or element != np.dtype(_TYPES[value_type][0]).itemsize:
+            raise LayoutError(f"values of ggml type {value_type}, {element} bytes an element")
+        return reader.block(value_type, width, cells).reshape(width, cells).T, value_type, width
+    value_type, row = reader.read("<iQ")
+    if value_type not in _TYPES:
+        raise LayoutError(f"values of ggml type {value_type}")
+    width = row // np.dtype(_TYPES[value_type][0]).itemsize
+    return reader.block(value_type, width, cells).reshape(cells, width), value_type, width
+
+
+def _parse(data: bytes) -> tuple[StateLayout, np.ndarray, np.ndarray]:
+    """The layout of one sequence state (one stream, seq 0, no cell extras)
+    and its keys and values as float32 arrays (layers, cells, width); raises
+    LayoutError for anything else."""
+    reader = _StateReader(data)
+    cells, transposed, layers = _read_header(reader)
+    keys = [_read_keys(reader, cells) for _ in range(layers)]
+    values = [_read_values(reader, cells, transposed) for _ in range(layers)]
+    reader.finish()
+    key_types = {key_type for _, key_type, _ in keys}
+    value_types = {value_type for _, value_type, _ in values}
+    widths = {width for _, _, width in keys + values}
     if len(key_types) != 1 or len(value_types) != 1 or len(widths) != 1:
         raise LayoutError("layers differ in type or width")
     layout = StateLayout(
@@ -143,11 +164,11 @@ def _parse(data: bytes) -> tuple[StateLayout, np.ndarray, np.ndarray]:
         width=widths.pop(),
         key_type=key_types.pop(),
         value_type=value_types.pop(),
-        values_transposed=bool(transposed),
+        values_transposed=transposed,
         heads=0,
         interleaved=False,
     )
-    return layout, np.stack(keys), np.stack(values)
+    return layout, np.stack([array for array, _, _ in keys]), np.stack([a for a, _, _ in values])
 
 
 def _export(llama: Any) -> bytes:
@@ -267,6 +288,77 @@ class KvImporter:
         return state
 
 
+def _own_reading(
+    llama: Any, tokens: list[int]
+) -> tuple[np.ndarray, StateLayout, np.ndarray, np.ndarray]:
+    """llama.cpp's own reading of `tokens`: its next-token logits, the layout
+    of its sequence state and its keys and values (`_parse`); its cache is
+    empty afterwards."""
+    llama.n_tokens = 0
+    llama.eval(tokens)
+    own_logits = _logits(llama)
+    layout, own_keys, own_values = _parse(_export(llama))
+    llama.n_tokens = 0
+    return own_logits, layout, own_keys, own_values
+
+
+def _target_cache(target: PreTrainedModel, tokens: list[int]) -> DynamicCache:
+    """The target's cache after reading `tokens`."""
+    device = next(target.parameters()).device
+    cache = new_cache(target)
+    with torch.no_grad():
+        target(torch.tensor([tokens], device=device), past_key_values=cache, use_cache=True)
+    return cache
+
+
+def _matched_layout(
+    layout: StateLayout,
+    cache: DynamicCache,
+    own_keys: np.ndarray,
+    own_values: np.ndarray,
+    heads: int,
+) -> tuple[StateLayout | None, str]:
+    """`layout` completed with the target's `heads` and the order of a key's
+    dimensions under which the target's probe keys (in `cache`) agree with
+    llama.cpp's own, or None with the reason when they do not agree."""
+    if len(cache.layers) != layout.layers:
+        return None, f"the target has {len(cache.layers)} layers, llama.cpp's model {layout.layers}"
+    keys = _stacked(cache, PROBE_TOKENS, "keys")
+    if keys.shape[1] * keys.shape[3] != layout.width:
+        return None, "the target's keys and llama.cpp's differ in width"
+    agreement = {
+        interleaved: min(
+            _cosine(layer_keys.numpy(), own)
+            for layer_keys, own in zip(_llama_keys(keys, interleaved), own_keys, strict=True)
+        )
+        for interleaved in (False, True)
+    }
+    interleaved = max(agreement, key=agreement.__getitem__)
+    values = _stacked(cache, PROBE_TOKENS, "values")
+    values = values.permute(0, 2, 1, 3).reshape(layout.layers, PROBE_TOKENS, layout.width)
+    value_agreement = min(
+        _cosine(mine.numpy(), own) for mine, own in zip(values, own_values, strict=True)
+    )
+    if agreement[interleaved] < MIN_AGREEMENT or value_agreement < MIN_AGREEMENT:
+        return None, (
+            f"the target's keys and values are not llama.cpp's (cosine "
+            f"{agreement[interleaved]:.3f} and {value_agreement:.3f}): not a copy"
+        )
+    return StateLayout(**{**layout.__dict__, "heads": heads, "interleaved": interleaved}), ""
+
+
+def _timed_importer(
+    llama: Any, layout: StateLayout, cache: DynamicCache, tokens: list[int]
+) -> tuple[KvImporter, np.ndarray]:
+    """An importer whose first write (all but the last probe token, timed) is
+    followed by llama.cpp reading the last token: returns it and the logits."""
+    importer = KvImporter(llama, layout, 0.0)
+    seconds = importer.write(cache, PROBE_TOKENS - 1, tokens)
+    importer.seconds_per_position = seconds / (PROBE_TOKENS - 1)
+    llama.eval(tokens[-1:])
+    return importer, _logits(llama)
+
+
 def probe_importer(
     llama: Any, target: PreTrainedModel, *, seed: int = 0
 ) -> tuple[KvImporter | None, str]:
@@ -283,47 +375,12 @@ def probe_importer(
     generator = torch.Generator().manual_seed(seed)
     tokens = torch.randint(0, vocab, (PROBE_TOKENS,), generator=generator).tolist()
     try:
-        llama.n_tokens = 0
-        llama.eval(tokens)
-        own_logits = _logits(llama)
-        layout, own_keys, own_values = _parse(_export(llama))
-        llama.n_tokens = 0
-        device = next(target.parameters()).device
-        cache = new_cache(target)
-        with torch.no_grad():
-            target(torch.tensor([tokens], device=device), past_key_values=cache, use_cache=True)
-        if len(cache.layers) != layout.layers:
-            return (
-                None,
-                f"the target has {len(cache.layers)} layers, llama.cpp's model {layout.layers}",
-            )
-        keys = _stacked(cache, PROBE_TOKENS, "keys")
-        if keys.shape[1] * keys.shape[3] != layout.width:
-            return None, "the target's keys and llama.cpp's differ in width"
-        agreement = {
-            interleaved: min(
-                _cosine(layer_keys.numpy(), own)
-                for layer_keys, own in zip(_llama_keys(keys, interleaved), own_keys, strict=True)
-            )
-            for interleaved in (False, True)
-        }
-        interleaved = max(agreement, key=agreement.__getitem__)
-        values = _stacked(cache, PROBE_TOKENS, "values")
-        values = values.permute(0, 2, 1, 3).reshape(layout.layers, PROBE_TOKENS, layout.width)
-        value_agreement = min(
-            _cosine(mine.numpy(), own) for mine, own in zip(values, own_values, strict=True)
-        )
-        if agreement[interleaved] < MIN_AGREEMENT or value_agreement < MIN_AGREEMENT:
-            return None, (
-                f"the target's keys and values are not llama.cpp's (cosine "
-                f"{agreement[interleaved]:.3f} and {value_agreement:.3f}): not a copy"
-            )
-        layout = StateLayout(**{**layout.__dict__, "heads": heads, "interleaved": interleaved})
-        importer = KvImporter(llama, layout, 0.0)
-        seconds = importer.write(cache, PROBE_TOKENS - 1, tokens)
-        importer.seconds_per_position = seconds / (PROBE_TOKENS - 1)
-        llama.eval(tokens[-1:])
-        taken_logits = _logits(llama)
+        own_logits, layout, own_keys, own_values = _own_reading(llama, tokens)
+        cache = _target_cache(target, tokens)
+        matched, reason = _matched_layout(layout, cache, own_keys, own_values, heads)
+        if matched is None:
+            return None, reason
+        importer, taken_logits = _timed_importer(llama, matched, cache, tokens)
     except LayoutError as error:
         return None, f"llama.cpp's sequence state is not one this version knows ({error})"
     except (RuntimeError, ValueError, OSError) as error:

@@ -2,7 +2,7 @@
 
 Plain data without torch, so that settings, config files and the REPL's first
 screen can name and check drafters before any model library is imported;
-`drafters.build_drafter` turns these options into a drafter. The fields are
+`builder.build_drafter` turns these options into a drafter. The fields are
 named as `/drafter_kind` and a config file's `[drafter]` table name them
 (`settings.DRAFTER_SETTINGS`), so `Settings.drafter_options` needs no table.
 """
@@ -16,14 +16,14 @@ __all__ = ["DRAFTER_KINDS", "DRAFTER_RUNTIMES", "DrafterOptions"]
 DRAFTER_KINDS = ("model", "ngram", "lookup", "hybrid", "head")
 
 DRAFTER_RUNTIMES = ("auto", "torch", "llamacpp")
-"""What runs the drafter model (`llamacpp_drafter.choose_runtime`): "auto"
+"""What runs the drafter model (`runtime.choose_runtime`): "auto"
 measures both where llama.cpp can run the model's GGUF file and keeps the
 cheaper; "torch" and "llamacpp" force one."""
 
 
 @dataclass(frozen=True)
 class DrafterOptions:
-    """Everything that says which drafter to build (see `drafters.build_drafter`).
+    """Everything that says which drafter to build (see `builder.build_drafter`).
 
     The defaults here are the only ones: the settings of the same names
     (`Settings.ngram_order` and the rest) and the drafters' own constructors

@@ -28,14 +28,15 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-from specrepl.app.startup import load_config_pair
 from specrepl.chat.config import AppConfig, ConfigError
 from specrepl.chat.flags import add_model_options, add_setting_options, app_config
+from specrepl.chat.loading import load_config_pair
 from specrepl.chat.settings import GAMMA_MAX, SettingError
-from specrepl.engine.signals import EXIT_INTERRUPTED
+from specrepl.engine.signals import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
 from specrepl.measure.bench import tables
 from specrepl.measure.bench.figures import LONG_INPUT_TOKENS
 from specrepl.measure.bench.markdown import run_markdown
+from specrepl.measure.bench.options import PEERS, BenchOptions
 from specrepl.measure.bench.prompts import (
     PROMPTS_FILE,
     BenchError,
@@ -44,15 +45,12 @@ from specrepl.measure.bench.prompts import (
     load_prompts,
 )
 from specrepl.measure.bench.report import BenchReport
-from specrepl.measure.bench.runner import PEERS, Benchmark, BenchOptions, GammaSpec
+from specrepl.measure.bench.runner import Benchmark
 from specrepl.models.compatibility import IncompatibleTokenizersError
-from specrepl.models.pair import ModelLoadError, ModelPair
+from specrepl.models.errors import ModelLoadError
+from specrepl.models.pair import ModelPair
 
 __all__ = ["add_arguments", "parse_peers", "parse_sweep", "run"]
-
-EXIT_OK = 0
-EXIT_FAILED = 1
-EXIT_USAGE = 2
 
 
 def parse_sweep(value: str | None) -> tuple[int, ...]:
@@ -222,18 +220,10 @@ def _plan(args: argparse.Namespace) -> _Plan:
     )
     peers = parse_peers(_arg(args, "peers"))
     options = BenchOptions(
-        max_new_tokens=settings.max_new_tokens,
-        processor=settings.logits_processor(),
-        gamma=GammaSpec(settings.gamma_policy, settings.gamma, settings.confidence),
-        drafter_kind=settings.drafter_kind,
-        drafter=settings.drafter_options(),
+        settings,
         peers=peers,
         sweep=parse_sweep(_arg(args, "gamma_sweep")),
-        seed=settings.seed,
         warmup=1 if _arg(args, "warmup") is None else _arg(args, "warmup"),
-        use_cache=settings.use_cache,
-        chat=settings.chat,
-        system_prompt=settings.system_prompt,
         tune_widths=_arg(args, "widths") != "off",
         conversation=bool(_arg(args, "one_chat")),
         long_input_tokens=(
@@ -278,7 +268,7 @@ def _intro(plan: _Plan, benchmark: Benchmark, pair: ModelPair) -> str:
     chat = ", one chat with caches kept" if plan.options.conversation else ""
     return (
         f"[bold]bench[/] {len(plan.prompts)} prompts{turns}{chat} × {len(benchmark.methods)}"
-        f" methods, {plan.options.max_new_tokens} new tokens,"
+        f" methods, {plan.options.settings.max_new_tokens} new tokens,"
         f" {escape(plan.options.processor.describe())}, {torch.get_num_threads()} threads,"
         f" on {pair.device}"
     )

@@ -1,34 +1,23 @@
-"""What one benchmark measured: the methods, each run's figures, and their summaries.
+"""What one benchmark measured: the methods, and each run's figures.
 
 `MethodRun` is one method's run on one prompt (tokens, the synchronized wall
-time around the call, and for specrepl runs the engine's own step events);
-`PromptRecord` holds every method's run on one prompt (one user turn: a first
-turn or a later one, with the earlier turns and their target-only answers in
-its context, and a long input or not); `summarize` turns the records into
-figures per category and overall, and `summarize_turns` per kind of turn
-(first turns, later turns, long inputs) (`MethodSummary`): medians of
-per-prompt figures (tokens/s, speedups as per-prompt ratios), pooled acceptance
-and tokens per target step, and the speedup predicted from the run's own
-acceptance and cost ratios (Leviathan et al. 2023):
-(1 - a^(g+1)) / (1 - a) / (g*c + v), with c the drafter's seconds per drafted
-token and v the seconds of a verification step, both over the target's
-seconds for a one-token step of the target-only run on the same prompt; a is
-the chance that a draft is accepted once the drafts before it were, estimated
-as accepted / (accepted + rejections).
+time around the call, and for specrepl runs the engine's own step events,
+with the speedup `prediction.py` predicts from them); `PromptRecord` holds
+every method's run on one prompt (one user turn: a first turn or a later one,
+with the earlier turns and their target-only answers in its context, and a
+long input or not); `compare_with_target` gives each run of a prompt its
+figures against the target-only run's. `summary.py` sums them up.
 
 Plain arithmetic on recorded runs: no torch, no rich, no model.
 """
 
 from __future__ import annotations
 
-import math
 import statistics
-from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-from specrepl.engine.gamma import expected_tokens
-from specrepl.engine.output_match import OutputMatch
+from specrepl.engine.output_match import OutputMatch, compare_outputs
 from specrepl.engine.results import (
     BUDGET_END,
     PROMPT_PASS,
@@ -36,6 +25,7 @@ from specrepl.engine.results import (
     StepEvent,
     TimedTokens,
 )
+from specrepl.measure.bench.prediction import Prediction, per_draft_acceptance, predict_from_steps
 from specrepl.measure.bench.prompts import BenchPrompt, BenchTurn
 
 __all__ = [
@@ -50,23 +40,14 @@ __all__ = [
     "LLAMACPP_LOOKUP",
     "LONG_INPUT",
     "LONG_INPUT_TOKENS",
-    "OVERALL",
     "SPECULATIVE",
     "TARGET",
     "TURN_GROUPS",
     "Method",
     "MethodRun",
-    "MethodSummary",
-    "Prediction",
     "PromptRecord",
-    "predict_from_steps",
-    "predicted_speedup",
-    "summarize",
-    "summarize_turns",
+    "compare_with_target",
 ]
-
-OVERALL = "overall"
-"""The summary's name for all prompts together."""
 
 # The kinds of turn summed up apart (`summarize_turns`); a turn is a first or a
 # later one, and may also be a long input.
@@ -104,86 +85,6 @@ class Method:
     speculative: bool = False
     sweep_gamma: int | None = None
     settings: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class Prediction:
-    """The speedup over target-only expected from measured acceptance and costs.
-
-    `alpha` is the per-draft acceptance of the formula (accepted over accepted
-    plus rejections); `draft_cost` (c) and `verify_cost` (v) are in units of
-    the target's one-token step; `mean_gamma` is the mean number of drafts per
-    step and `tokens_per_step` the expected tokens per verification step.
-    """
-
-    alpha: float
-    mean_gamma: float
-    draft_cost: float
-    verify_cost: float
-    tokens_per_step: float
-    speedup: float
-
-
-def predicted_speedup(
-    acceptance: float, gamma: float, draft_cost: float, verify_cost: float
-) -> float:
-    """(1 - a^(g+1)) / (1 - a) / (g*c + v) (Leviathan et al. 2023): expected tokens per
-    verification step over its cost in one-token target steps."""
-    if acceptance >= 1.0:
-        tokens = gamma + 1.0
-    else:
-        tokens = (1.0 - acceptance ** (gamma + 1)) / (1.0 - acceptance)
-    return tokens / (gamma * draft_cost + verify_cost)
-
-
-def _alpha(accepted: int, rejections: int) -> float:
-    """Per-draft acceptance: each step is `accepted` successes, then a failure
-    unless every draft was accepted (the maximum-likelihood estimate for
-    independent drafts)."""
-    trials = accepted + rejections
-    return accepted / trials if trials else 0.0
-
-
-def predict_from_steps(
-    speculative: Sequence[StepEvent], target_only: Sequence[StepEvent]
-) -> Prediction | None:
-    """The prediction for one speculative run from its steps and the same prompt's
-    target-only steps.
-
-    The first step of each run is left out of the costs (it processes the
-    prompt). A gamma that changes from step to step (a policy) is handled per
-    step: expected tokens are averaged over steps with each step's own draft
-    count, which for a fixed gamma is exactly the formula above. None when
-    either run has no decoding step after the first.
-    """
-    one_token = [event.target_seconds for event in target_only[1:]]
-    steps = list(speculative[1:])
-    if not one_token or not steps:
-        return None
-    step_seconds = statistics.fmean(one_token)
-    if step_seconds <= 0:
-        return None
-    alpha = _alpha(
-        sum(event.accepted for event in speculative),
-        sum(1 for event in speculative if event.accepted < event.gamma),
-    )
-    drafted_later = sum(event.gamma for event in steps)
-    draft_seconds = sum(event.draft_seconds for event in steps)
-    draft_cost = draft_seconds / drafted_later / step_seconds if drafted_later else 0.0
-    verify_cost = statistics.fmean(event.target_seconds for event in steps) / step_seconds
-    mean_gamma = statistics.fmean(event.gamma for event in steps)
-    tokens = statistics.fmean(expected_tokens(alpha, event.gamma) for event in steps)
-    cost = mean_gamma * draft_cost + verify_cost
-    if cost <= 0:
-        return None
-    return Prediction(
-        alpha=alpha,
-        mean_gamma=mean_gamma,
-        draft_cost=draft_cost,
-        verify_cost=verify_cost,
-        tokens_per_step=tokens,
-        speedup=tokens / cost,
-    )
 
 
 @dataclass
@@ -246,7 +147,7 @@ class MethodRun(TimedTokens):
         """The per-draft acceptance of the prediction formula."""
         if not self.drafted or self.accepted is None or self.rejections is None:
             return None
-        return _alpha(self.accepted, self.rejections)
+        return per_draft_acceptance(self.accepted, self.rejections)
 
     @property
     def mean_accepted_length(self) -> float | None:
@@ -450,134 +351,25 @@ class PromptRecord:
         }
 
 
-@dataclass(frozen=True)
-class MethodSummary:
-    """One method's figures over a set of prompts.
-
-    Tokens/s, speedups, predictions and measured/predicted are medians of the
-    per-prompt figures; acceptance (accepted / drafted), alpha (accepted /
-    (accepted + rejections)) and tokens per step are pooled (sums over the
-    prompts); the time shares are pooled over specrepl runs.
-    `identical` counts the prompts whose tokens equal target-only's, out of
-    `compared` (greedy runs only).
-    """
-
-    method: str
-    prompts: int
-    tokens_per_second: float | None
-    speedup_vs_target: float | None
-    speedup_vs_hf: float | None
-    acceptance: float | None
-    alpha: float | None
-    mean_accepted_length: float | None
-    predicted_speedup: float | None
-    measured_over_predicted: float | None
-    identical: int
-    compared: int
-    draft_share: float | None
-    target_share: float | None
-    other_share: float | None
-    fallback_share: float | None = None
-    """Pooled share of steps where the policy chose the target alone."""
-    empty_draft_share: float | None = None
-    """Pooled share of steps where the drafter had nothing to propose."""
-    first_draft_acceptance: float | None = None
-    """Pooled share of drafting steps whose first draft was accepted."""
-    draft_cost_vs_target: float | None = None
-    """Median over prompts of (drafter seconds per drafted token) / (seconds of
-    one target-only forward pass)."""
+def _ratio(top: float | None, bottom: float | None) -> float | None:
+    if top is None or not bottom:
+        return None
+    return top / bottom
 
 
-def _median(values: Iterable[float | None]) -> float | None:
-    present = [value for value in values if value is not None and math.isfinite(value)]
-    return statistics.median(present) if present else None
-
-
-def _summary(method: str, runs: list[MethodRun]) -> MethodSummary:
-    drafted = sum(run.drafted or 0 for run in runs)
-    accepted = sum(run.accepted or 0 for run in runs)
-    rejections = sum(run.rejections or 0 for run in runs)
-    speculative = any(run.drafted is not None for run in runs)
-    steps = sum(run.steps or 0 for run in runs)
-    timed = [run for run in runs if run.draft_seconds is not None]
-    seconds = sum(run.seconds for run in timed)
-
-    def share(part: Callable[[MethodRun], float | None]) -> float | None:
-        if not timed or seconds <= 0:
-            return None
-        return sum(part(run) or 0.0 for run in timed) / seconds
-
-    compared = [run for run in runs if run.identical is not None]
-    firsts = [run.first_drafts for run in runs if run.first_drafts is not None]
-    first_taken = sum(taken for taken, _ in firsts)
-    first_tried = sum(tried for _, tried in firsts)
-    return MethodSummary(
-        method=method,
-        prompts=len(runs),
-        tokens_per_second=_median(run.tokens_per_second for run in runs),
-        speedup_vs_target=_median(run.speedup_vs_target for run in runs),
-        speedup_vs_hf=_median(run.speedup_vs_hf for run in runs),
-        acceptance=accepted / drafted if drafted else None,
-        alpha=_alpha(accepted, rejections) if drafted else None,
-        mean_accepted_length=(
-            sum(run.new_tokens for run in runs) / steps if speculative and steps else None
-        ),
-        predicted_speedup=_median(
-            run.prediction.speedup if run.prediction is not None else None for run in runs
-        ),
-        measured_over_predicted=_median(run.measured_over_predicted for run in runs),
-        identical=sum(1 for run in compared if run.identical),
-        compared=len(compared),
-        draft_share=share(lambda run: run.draft_seconds),
-        target_share=share(lambda run: run.target_seconds),
-        other_share=share(lambda run: run.other_seconds),
-        fallback_share=(
-            sum(run.fallback_steps or 0 for run in runs) / steps if speculative and steps else None
-        ),
-        empty_draft_share=(
-            sum(run.empty_draft_steps or 0 for run in runs) / steps
-            if speculative and steps
-            else None
-        ),
-        first_draft_acceptance=first_taken / first_tried if first_tried else None,
-        draft_cost_vs_target=_median(run.draft_cost_vs_target for run in runs),
-    )
-
-
-def _by_group(
-    groups: dict[str, list[PromptRecord]], methods: Sequence[Method]
-) -> dict[str, dict[str, MethodSummary]]:
-    """Each group's figures, per method (a method left out of a prompt is left out there)."""
-    return {
-        name: {
-            method.name: _summary(
-                method.name,
-                [record.runs[method.name] for record in members if method.name in record.runs],
-            )
-            for method in methods
-        }
-        for name, members in groups.items()
-    }
-
-
-def summarize(
-    records: Sequence[PromptRecord], methods: Sequence[Method]
-) -> dict[str, dict[str, MethodSummary]]:
-    """Figures per category (in the order first met) and `overall`, per method."""
-    groups: dict[str, list[PromptRecord]] = {}
-    for record in records:
-        groups.setdefault(record.prompt.category, []).append(record)
-    if records:
-        groups[OVERALL] = list(records)
-    return _by_group(groups, methods)
-
-
-def summarize_turns(
-    records: Sequence[PromptRecord], methods: Sequence[Method]
-) -> dict[str, dict[str, MethodSummary]]:
-    """Figures per kind of turn (first turns, later turns, long input; the
-    kinds no prompt is of are left out), per method."""
-    groups: dict[str, list[PromptRecord]] = {
-        name: [record for record in records if name in record.groups] for name in TURN_GROUPS
-    }
-    return _by_group({name: members for name, members in groups.items() if members}, methods)
+def compare_with_target(runs: dict[str, MethodRun], *, greedy: bool) -> None:
+    """Give each of one prompt's runs its figures against that prompt's
+    target-only run: tokens against target-only's, speedups over it (and over
+    plain HF `generate()` when that ran), and for a speculative run the
+    prediction and its drafter's cost per draft over a target step."""
+    target = runs[TARGET]
+    hf = runs.get(HF_GENERATE)
+    for name, run in runs.items():
+        if name != TARGET:
+            run.match = compare_outputs(run.token_ids, target.token_ids, greedy=greedy)
+        run.speedup_vs_target = _ratio(run.tokens_per_second, target.tokens_per_second)
+        if hf is not None:
+            run.speedup_vs_hf = _ratio(run.tokens_per_second, hf.tokens_per_second)
+        if run.drafted is not None:
+            run.prediction = predict_from_steps(run.events, target.events)
+            run.draft_cost_vs_target = _ratio(run.seconds_per_draft, target.target_step_seconds)

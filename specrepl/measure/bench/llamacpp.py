@@ -7,7 +7,7 @@ prompt-lookup speculative decoding (`LlamaPromptLookupDecoding`, drafting
 gamma tokens), each with as many threads as torch uses.
 
 llama-cpp-python is optional and has no wheel on PyPI: `bash scripts/setup.sh`
-builds it (see `specrepl/llamacpp.py`). `open_llamacpp` raises `LlamaCppUnavailable` with the
+builds it (see `engine/llamacpp.py`). `open_llamacpp` raises `LlamaCppUnavailable` with the
 reason (not installed, no GGUF file, does not load) and the benchmark reports
 the peer as unavailable instead of failing.
 

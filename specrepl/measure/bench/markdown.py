@@ -13,7 +13,7 @@ a table saying what each run was: machine, versions, date and command.
 `python infer.py compare RUN.json...` the second.
 
 Plain text from plain data: no rich, no torch, no model. The figures are
-the ones the run measured (medians and pooled ratios, see `figures.py`);
+the ones the run measured (medians and pooled ratios, see `summary.py`);
 nothing is recomputed here.
 """
 
@@ -27,7 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from specrepl.engine.output_match import OutputMatch
-from specrepl.measure.bench.figures import FIRST_TURNS, LONG_INPUT, OVERALL, SPECULATIVE, TARGET
+from specrepl.measure.bench.figures import FIRST_TURNS, LONG_INPUT, SPECULATIVE, TARGET
+from specrepl.measure.bench.summary import OVERALL
 
 __all__ = [
     "DASH",

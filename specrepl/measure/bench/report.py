@@ -23,21 +23,14 @@ from typing import Any
 import torch
 import transformers
 
-from specrepl.version import __version__
 from specrepl.engine.widths import cpu_model
-from specrepl.measure.bench.figures import (
-    HF_GENERATE,
-    OVERALL,
-    Method,
-    MethodRun,
-    MethodSummary,
-    PromptRecord,
-    summarize,
-    summarize_turns,
-)
+from specrepl.measure.bench.figures import HF_GENERATE, Method, MethodRun, PromptRecord
+from specrepl.measure.bench.options import BenchOptions
 from specrepl.measure.bench.prompts import BenchTurn
-from specrepl.measure.bench.runner import Benchmark, BenchOptions
+from specrepl.measure.bench.runner import Benchmark
+from specrepl.measure.bench.summary import OVERALL, MethodSummary, summarize, summarize_turns
 from specrepl.store.atomic import write_text_atomically
+from specrepl.version import __version__
 
 __all__ = ["SCHEMA", "BenchReport", "machine_info", "versions"]
 

@@ -35,11 +35,9 @@ from specrepl.measure.bench.figures import (
     FIRST_TURNS,
     HF_GENERATE,
     LONG_INPUT,
-    OVERALL,
     SPECULATIVE,
     TARGET,
     Method,
-    MethodSummary,
 )
 from specrepl.measure.bench.markdown import (
     DASH,
@@ -51,6 +49,7 @@ from specrepl.measure.bench.markdown import (
     prompt_row,
 )
 from specrepl.measure.bench.report import BenchReport
+from specrepl.measure.bench.summary import OVERALL, MethodSummary
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -365,7 +364,8 @@ def write_chart(report: BenchReport, path: str | Path) -> Path:
         _sweep_lines(report, axes[1])
     figure.suptitle(
         f"specrepl bench: {report.machine['cpu']}, {report.machine['torch_threads']} threads, "
-        f"{report.options.max_new_tokens} new tokens, {report.options.processor.describe()}",
+        f"{report.options.settings.max_new_tokens} new tokens,"
+        f" {report.options.processor.describe()}",
         fontsize="medium",
     )
     out = Path(path).expanduser()

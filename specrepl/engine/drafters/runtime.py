@@ -1,0 +1,214 @@
+"""What runs the drafter model: torch, or llama.cpp on the model's GGUF file, chosen by measurement.
+
+`choose_runtime` decides, for `runtime = "auto"`, by timing one decoding step
+of each on this machine (never by a constant): llama.cpp when it is installed,
+the drafter came from a GGUF file, runs on the CPU, and its step measured
+cheaper than torch's. The `RuntimeChoice` it returns builds the llama.cpp
+drafter (`LlamaCppDrafter`) for the drafter builder, with the bound on one
+read chosen from measured costs (`auto_window`) and, for a copy of the
+target, the importer of the target's keys and values (`llamacpp_kv`).
+
+This module knows nothing of settings or of the other kinds of drafter.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import PreTrainedModel
+
+from specrepl.engine.drafters.llamacpp import LlamaCppDrafter
+from specrepl.engine.drafters.llamacpp_kv import KvImporter, probe_importer
+from specrepl.engine.drafters.options import DRAFTER_RUNTIMES, DrafterOptions
+from specrepl.engine.llamacpp import LlamaCppUnavailable, open_gguf
+from specrepl.engine.tuning import Tuning
+from specrepl.engine.widths import measure_widths
+
+__all__ = [
+    "MAX_CONTEXT",
+    "MIN_WINDOW",
+    "RuntimeChoice",
+    "auto_window",
+    "choose_drafter_runtime",
+    "choose_runtime",
+    "llama_costs",
+]
+
+MAX_CONTEXT = 16384
+"""The most tokens llama.cpp's cache holds (its keys and values are allocated
+up front); past that the llama.cpp drafter drafts nothing, as any drafter at
+its context's end, and the target goes on alone."""
+
+
+READ_BUDGET_STEPS = 4.0
+"""With an automatic window, one catch-up read of the llama.cpp drafter may cost
+at most this many one-token target steps (measured costs on both sides): a
+pasted document then delays drafting by about as much as four tokens of the
+target, whatever the machine, while the target reads all of it."""
+
+MIN_WINDOW = 32
+"""The fewest unseen tokens an automatic window lets the drafter read at once."""
+
+
+def auto_window(target_step_seconds: float, read_seconds_per_token: float) -> int:
+    """The most unseen tokens one read may take: `READ_BUDGET_STEPS` target steps'
+    worth at the drafter's measured batched read cost, at least `MIN_WINDOW`."""
+    if read_seconds_per_token <= 0:
+        return MIN_WINDOW
+    return max(MIN_WINDOW, int(READ_BUDGET_STEPS * target_step_seconds / read_seconds_per_token))
+
+
+def llama_costs(
+    llama: Any, *, context: int = 64, repeats: int = 5, seed: int = 0
+) -> tuple[float, float]:
+    """Median seconds of one decoding step after `context` tokens in llama.cpp
+    (as `widths.measure_widths` times torch: the first repeat warms up), and
+    seconds per token of reading `context` tokens in one batch. The state is
+    emptied afterwards."""
+    generator = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(0, int(llama.n_vocab()), (context + 1,), generator=generator).tolist()
+    reads = []
+    for _ in range(2):  # the first read warms up
+        llama.n_tokens = 0
+        start = time.perf_counter()
+        llama.eval(tokens[:context])
+        reads.append(time.perf_counter() - start)
+    times = []
+    for repeat in range(repeats + 1):
+        llama.n_tokens = context
+        start = time.perf_counter()
+        llama.eval(tokens[context:])
+        if repeat:
+            times.append(time.perf_counter() - start)
+    llama.n_tokens = 0
+    return statistics.median(times), reads[-1] / context
+
+
+@dataclass(frozen=True)
+class RuntimeChoice:
+    """What runs the drafter model: llama.cpp (`llama` set) or torch, and why."""
+
+    llama: Any | None
+    reason: str
+    seconds: dict[str, float] = field(default_factory=dict)
+    """Measured seconds of one drafting step, by runtime ("torch", "llamacpp"), and
+    of reading one token in a batch in llama.cpp ("llamacpp_read")."""
+    imports: dict[int, tuple[KvImporter | None, str]] = field(default_factory=dict, compare=False)
+    """`probe_importer`'s verdict per target (by id): filled by `importer`."""
+
+    @property
+    def runtime(self) -> str:
+        return "torch" if self.llama is None else "llamacpp"
+
+    def describe(self) -> str:
+        taken = f"; {self.import_reason}" if self.import_reason else ""
+        return f"{'llama.cpp' if self.llama is not None else 'torch'}: {self.reason}{taken}"
+
+    def model_drafter(
+        self,
+        options: DrafterOptions,
+        target: PreTrainedModel | None = None,
+        *,
+        keep_between_prompts: bool = False,
+        copy_of_target: bool = False,
+        target_tuning: Tuning | None = None,
+    ) -> LlamaCppDrafter | None:
+        """The drafter over llama.cpp to use in place of torch's, or None when
+        torch drafts (`builder.build_drafter` asks, for every entry point).
+
+        When the drafter is a copy of `target` (`copy_of_target`, with the
+        cache on) and `probe_importer` accepts this llama.cpp, it takes the
+        target's keys and values instead of reading (`LlamaCppDrafter`).
+        Otherwise `options.window` > 0 bounds each read to that many tokens,
+        and 0 chooses the bound from measured costs (`auto_window`: the
+        target's one-token step, from its `target_tuning`, against llama.cpp's
+        batched read), or reads everything when the target's step is not known."""
+        if self.llama is None:
+            return None
+        importer = None
+        if copy_of_target and target is not None:
+            importer = self.importer(target)
+        step = None if target_tuning is None else target_tuning.one_token_step
+        return LlamaCppDrafter(
+            self.llama,
+            keep_between_prompts=keep_between_prompts,
+            window=self.read_window(options.window, step),
+            importer=importer,
+            read_seconds_per_token=self.seconds.get("llamacpp_read"),
+        )
+
+    def importer(self, target: PreTrainedModel) -> KvImporter | None:
+        """The importer of `target`'s keys and values, probed once per target."""
+        key = id(target)
+        if key not in self.imports:
+            self.imports[key] = probe_importer(self.llama, target)
+        return self.imports[key][0]
+
+    @property
+    def import_reason(self) -> str | None:
+        """Whether the drafter takes the target's keys and values, and why (once probed)."""
+        return next((reason for _, reason in self.imports.values()), None)
+
+    def read_window(self, window: int, target_step_seconds: float | None) -> int | None:
+        """The bound on one read of the llama.cpp drafter (None: none; see `model_drafter`)."""
+        if window > 0:
+            return window
+        read = self.seconds.get("llamacpp_read")
+        if target_step_seconds is None or read is None:
+            return None
+        return auto_window(target_step_seconds, read)
+
+
+def choose_runtime(
+    requested: str,
+    model: PreTrainedModel,
+    gguf: Path | None,
+    *,
+    threads: int | None = None,
+) -> RuntimeChoice:
+    """Where the drafter `model` (loaded from the GGUF file `gguf`, or None)
+    drafts: "torch"; "llamacpp" (raises LlamaCppUnavailable saying why it
+    cannot); or "auto": llama.cpp when it can run here, the model is on the
+    CPU, and one decoding step measured cheaper there than in torch (both
+    timed now, ~0.5 s once), else torch, with the reason."""
+    if requested not in DRAFTER_RUNTIMES:
+        raise ValueError(f"runtime must be one of {', '.join(DRAFTER_RUNTIMES)}, got {requested!r}")
+    if requested == "torch":
+        return RuntimeChoice(None, "asked for")
+    context = min(
+        int(getattr(model.config.get_text_config(), "max_position_embeddings", 0) or MAX_CONTEXT),
+        MAX_CONTEXT,
+    )
+    threads = threads or torch.get_num_threads()
+    if requested == "llamacpp":
+        llama = open_gguf(gguf, context_length=context, threads=threads)
+        step, read = llama_costs(llama)
+        return RuntimeChoice(llama, "asked for", {"llamacpp": step, "llamacpp_read": read})
+    device = next(model.parameters()).device
+    if device.type != "cpu":
+        return RuntimeChoice(None, f"the drafter runs on {device.type}; llama.cpp here on the CPU")
+    try:
+        llama = open_gguf(gguf, context_length=context, threads=threads)
+    except LlamaCppUnavailable as error:
+        return RuntimeChoice(None, str(error))
+    step, read = llama_costs(llama)
+    seconds = {"llamacpp": step, "llamacpp_read": read, "torch": measure_widths(model, 1)[1]}
+    ratio = seconds["llamacpp"] / seconds["torch"]
+    if ratio < 1:
+        return RuntimeChoice(llama, f"a step costs {ratio:.2f} of torch's, measured", seconds)
+    return RuntimeChoice(None, f"llama.cpp's step measured {ratio:.2f}x torch's", seconds)
+
+
+def choose_drafter_runtime(
+    options: DrafterOptions, model: PreTrainedModel | None, gguf: Path | None
+) -> RuntimeChoice | None:
+    """What runs the drafter model for the drafter `options` describe (None
+    when no model drafts): `choose_runtime` with `options.runtime`."""
+    if not options.needs_model or model is None:
+        return None
+    return choose_runtime(options.runtime, model, gguf)

@@ -1,0 +1,265 @@
+"""The steps of the decoding loop: draft, score, verify, keep.
+
+`decode_steps` is the loop of `generation.py` once a run is set up: each step
+the gamma policy chooses a draft source and gamma among what the drafter
+offers, the drafter proposes up to gamma tokens, the target scores the
+sequence plus the drafts in one forward pass (run as its `tuning.Tuning`
+says), `verification.py` decides what to keep, both caches are rolled back
+to it, and the drafter is told what stayed valid. Each step yields a
+`StepEvent`. The first step of a generation is the target's prompt pass
+alone, so the first token comes at the target's own pace.
+
+This module never prints and knows nothing about tokenizers or chat templates.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Generator
+from dataclasses import dataclass, replace
+
+import torch
+from transformers import DynamicCache, PreTrainedModel
+
+from specrepl.engine.devices import synchronize
+from specrepl.engine.drafters.base import Draft, Drafter
+from specrepl.engine.forward import forward_pass
+from specrepl.engine.gamma import Choice, GammaPolicy
+from specrepl.engine.kv_cache import cached_length, rollback_to
+from specrepl.engine.processors import LogitsProcessor
+from specrepl.engine.results import BUDGET_END, PROMPT_PASS, StepEvent, StopReason
+from specrepl.engine.tuning import Tuning
+from specrepl.engine.verification import verify_greedy, verify_sampling
+
+__all__ = ["Clock", "TargetRun", "decode_steps"]
+
+
+class Clock:
+    """Wall time spent inside the generator, excluding the consumer's time
+    between steps; synchronizes the device before every reading."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.active = 0.0
+        self.resumed = 0.0
+
+    def now(self) -> float:
+        synchronize(self.device)
+        return time.perf_counter()
+
+    def resume(self) -> float:
+        self.resumed = self.now()
+        return self.resumed
+
+    def pause(self) -> float:
+        stamp = self.now()
+        self.active += stamp - self.resumed
+        return stamp
+
+
+@dataclass(frozen=True)
+class TargetRun:
+    """The target as one run calls it: the model, its tuning and its cache."""
+
+    model: PreTrainedModel
+    tuning: Tuning
+    cache: DynamicCache | None
+
+
+@dataclass(frozen=True)
+class _Scored:
+    """The target's pass over the sequence followed by the drafts."""
+
+    candidate: torch.Tensor
+    """The sequence, then the drafts."""
+    logits: torch.Tensor
+    """Shape (k + 1, vocab): the target's logits after each of the last k + 1 positions."""
+    features: torch.Tensor | None
+    """The target's final hidden states at the positions fed (when the drafter reads them)."""
+    fed_from: int
+    """The first position fed: how much of the sequence the cache held before."""
+
+
+def decode_steps(
+    sequence: torch.Tensor,
+    target: TargetRun,
+    drafter: Drafter | None,
+    policy: GammaPolicy,
+    clock: Clock,
+    *,
+    logits_processor: LogitsProcessor,
+    limit: int,
+    end_tokens: frozenset[int],
+    generator: torch.Generator | None,
+    vocab_size: int,
+) -> Generator[StepEvent, None, tuple[StopReason | None, torch.Tensor]]:
+    """Draft, verify, keep, until `limit` new tokens or an end token; returns the
+    end token's stop reason (None at the limit) and the final sequence."""
+    policy.start()
+    _prime(policy, target.tuning)
+    generated = 0
+    while generated < limit:
+        started = clock.now()
+        choice = _choose(drafter, policy, sequence, limit - generated, first=generated == 0)
+        draft = _draft(drafter, choice, sequence, logits_processor, generator, policy)
+        drafted = clock.now()
+        scored = _score(target, sequence, draft, vocab_size, drafter)
+        verified = clock.now()
+        accepted, token = _verify(draft, scored.logits, logits_processor, generator, vocab_size)
+        appended, stop = _up_to_end([*draft.tokens[:accepted].tolist(), token], end_tokens)
+        length = sequence.shape[0]
+        sequence = torch.cat((scored.candidate[: length + accepted], sequence.new_tensor([token])))
+        sequence = sequence[: length + len(appended)]
+        rollback_to(target.cache, length + accepted)
+        _update_drafter(drafter, sequence, length + accepted, scored, target.cache, len(appended))
+        generated += len(appended)
+        clock.pause()
+        event = _event(choice, draft, accepted, appended, (started, drafted, verified), clock)
+        policy.observe(event)
+        yield event
+        clock.resume()
+        if stop is not None:
+            return stop, sequence
+    return None, sequence
+
+
+def _choose(
+    drafter: Drafter | None,
+    policy: GammaPolicy,
+    sequence: torch.Tensor,
+    budget: int,
+    *,
+    first: bool,
+) -> Choice:
+    """The policy's choice of draft source and gamma among what the drafter offers
+    (at most `budget - 1` drafts: the target adds one token after them). The
+    `first` step of a generation is the target's own prompt pass, so the first
+    token comes at its pace; the drafter reads the prompt in the next step."""
+    if first:
+        return Choice("", 0, PROMPT_PASS)
+    room = min(policy.max_gamma, budget - 1)
+    if drafter is None or room <= 0:
+        return Choice("", 0, "no drafter" if drafter is None else BUDGET_END)
+    choice = policy.choose(drafter.offers(sequence, room), budget)
+    return replace(choice, gamma=min(choice.gamma, room))
+
+
+def _draft(
+    drafter: Drafter | None,
+    choice: Choice,
+    sequence: torch.Tensor,
+    processor: LogitsProcessor,
+    generator: torch.Generator | None,
+    policy: GammaPolicy,
+) -> Draft:
+    if drafter is None or choice.gamma <= 0:
+        return Draft(sequence.new_empty(0), None)
+    return drafter.propose_source(
+        choice.source, sequence, choice.gamma, processor, generator, policy.min_confidence
+    )
+
+
+def _score(
+    target: TargetRun,
+    sequence: torch.Tensor,
+    draft: Draft,
+    vocab_size: int,
+    drafter: Drafter | None,
+) -> _Scored:
+    """One target pass over the sequence and the k drafts: logits for the k + 1
+    positions that verification reads, and the features a drafter asks for."""
+    k = len(draft)
+    candidate = torch.cat((sequence, draft.tokens)) if k else sequence
+    fed_from = cached_length(target.cache)
+    logits, features = forward_pass(
+        target.model,
+        candidate,
+        target.cache,
+        k + 1,
+        vocab_size,
+        features=drafter is not None and drafter.uses_target_features,
+        tuning=target.tuning,
+    )
+    return _Scored(candidate, logits, features, fed_from)
+
+
+def _verify(
+    draft: Draft,
+    logits: torch.Tensor,
+    processor: LogitsProcessor,
+    generator: torch.Generator | None,
+    vocab_size: int,
+) -> tuple[int, int]:
+    """How many drafts the target keeps and the token it adds after them."""
+    if processor.is_greedy:
+        return verify_greedy(draft.tokens, logits)
+    target_probs = processor.probabilities(logits)
+    draft_probs = draft.probs
+    if draft_probs is None:  # a deterministic drafter: a point mass q
+        draft_probs = torch.nn.functional.one_hot(draft.tokens, vocab_size).float()
+    return verify_sampling(draft.tokens, draft_probs, target_probs, generator)
+
+
+def _up_to_end(
+    appended: list[int], end_tokens: frozenset[int]
+) -> tuple[list[int], StopReason | None]:
+    """The new tokens up to and with the first end token, and "eos" if there was one."""
+    for index, token in enumerate(appended):
+        if token in end_tokens:
+            return appended[: index + 1], "eos"
+    return appended, None
+
+
+def _update_drafter(
+    drafter: Drafter | None,
+    sequence: torch.Tensor,
+    valid: int,
+    scored: _Scored,
+    cache: DynamicCache | None,
+    appended: int,
+) -> None:
+    """Tell the drafter how much of what it saw is still valid (the first
+    `valid` positions), with only the target's outputs it asked for."""
+    if drafter is None:
+        return
+    extra: dict[str, object] = {}
+    if scored.features is not None:
+        extra["target_features"] = scored.features[: valid - scored.fed_from]
+    if drafter.uses_target_cache:
+        extra["target_cache"] = cache
+    drafter.update(sequence, valid, scored.logits[:appended], **extra)
+
+
+def _event(
+    choice: Choice,
+    draft: Draft,
+    accepted: int,
+    appended: list[int],
+    stamps: tuple[float, float, float],
+    clock: Clock,
+) -> StepEvent:
+    """The step's event; `stamps` are the clock at its start, after drafting
+    and after the target's pass."""
+    started, drafted, verified = stamps
+    return StepEvent(
+        drafts=tuple(draft.tokens.tolist()),
+        accepted=accepted,
+        appended=tuple(appended),
+        draft_seconds=drafted - started,
+        target_seconds=verified - drafted,
+        seconds_since_start=clock.active,
+        requested_gamma=choice.gamma,
+        source=choice.source if len(draft) else "",
+        read_seconds=draft.read_seconds,
+        read_tokens=draft.read_tokens,
+        choice=choice.reason,
+        import_seconds=draft.import_seconds,
+        imported_tokens=draft.imported_tokens,
+    )
+
+
+def _prime(policy: GammaPolicy, tuning: Tuning) -> None:
+    """Tell the policy the target's step costs per number of drafts, from its
+    forward-width timings (`widths.WidthPlan.step_seconds`), if it was timed."""
+    if tuning.plan is not None:
+        policy.prime(tuning.plan.step_seconds())

@@ -1,0 +1,158 @@
+"""A benchmark's figures summed up: per category and overall, and per kind of turn.
+
+`summarize` turns the records into figures per category and overall, and
+`summarize_turns` per kind of turn (first turns, later turns, long inputs)
+(`MethodSummary`): medians of per-prompt figures (tokens/s, speedups as
+per-prompt ratios, the predicted speedup), pooled acceptance and tokens per
+target step, and pooled shares of time and steps.
+
+Plain arithmetic on recorded runs: no torch, no rich, no model.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+from specrepl.measure.bench.figures import TURN_GROUPS, Method, MethodRun, PromptRecord
+from specrepl.measure.bench.prediction import per_draft_acceptance
+
+__all__ = ["OVERALL", "MethodSummary", "summarize", "summarize_turns"]
+
+OVERALL = "overall"
+"""The summary's name for all prompts together."""
+
+
+@dataclass(frozen=True)
+class MethodSummary:
+    """One method's figures over a set of prompts.
+
+    Tokens/s, speedups, predictions and measured/predicted are medians of the
+    per-prompt figures; acceptance (accepted / drafted), alpha (accepted /
+    (accepted + rejections)) and tokens per step are pooled (sums over the
+    prompts); the time shares are pooled over specrepl runs.
+    `identical` counts the prompts whose tokens equal target-only's, out of
+    `compared` (greedy runs only).
+    """
+
+    method: str
+    prompts: int
+    tokens_per_second: float | None
+    speedup_vs_target: float | None
+    speedup_vs_hf: float | None
+    acceptance: float | None
+    alpha: float | None
+    mean_accepted_length: float | None
+    predicted_speedup: float | None
+    measured_over_predicted: float | None
+    identical: int
+    compared: int
+    draft_share: float | None
+    target_share: float | None
+    other_share: float | None
+    fallback_share: float | None = None
+    """Pooled share of steps where the policy chose the target alone."""
+    empty_draft_share: float | None = None
+    """Pooled share of steps where the drafter had nothing to propose."""
+    first_draft_acceptance: float | None = None
+    """Pooled share of drafting steps whose first draft was accepted."""
+    draft_cost_vs_target: float | None = None
+    """Median over prompts of (drafter seconds per drafted token) / (seconds of
+    one target-only forward pass)."""
+
+
+def _median(values: Iterable[float | None]) -> float | None:
+    present = [value for value in values if value is not None and math.isfinite(value)]
+    return statistics.median(present) if present else None
+
+
+def _summary(method: str, runs: list[MethodRun]) -> MethodSummary:
+    drafted = sum(run.drafted or 0 for run in runs)
+    accepted = sum(run.accepted or 0 for run in runs)
+    rejections = sum(run.rejections or 0 for run in runs)
+    speculative = any(run.drafted is not None for run in runs)
+    steps = sum(run.steps or 0 for run in runs)
+    timed = [run for run in runs if run.draft_seconds is not None]
+    seconds = sum(run.seconds for run in timed)
+
+    def share(part: Callable[[MethodRun], float | None]) -> float | None:
+        if not timed or seconds <= 0:
+            return None
+        return sum(part(run) or 0.0 for run in timed) / seconds
+
+    compared = [run for run in runs if run.identical is not None]
+    firsts = [run.first_drafts for run in runs if run.first_drafts is not None]
+    first_taken = sum(taken for taken, _ in firsts)
+    first_tried = sum(tried for _, tried in firsts)
+    return MethodSummary(
+        method=method,
+        prompts=len(runs),
+        tokens_per_second=_median(run.tokens_per_second for run in runs),
+        speedup_vs_target=_median(run.speedup_vs_target for run in runs),
+        speedup_vs_hf=_median(run.speedup_vs_hf for run in runs),
+        acceptance=accepted / drafted if drafted else None,
+        alpha=per_draft_acceptance(accepted, rejections) if drafted else None,
+        mean_accepted_length=(
+            sum(run.new_tokens for run in runs) / steps if speculative and steps else None
+        ),
+        predicted_speedup=_median(
+            run.prediction.speedup if run.prediction is not None else None for run in runs
+        ),
+        measured_over_predicted=_median(run.measured_over_predicted for run in runs),
+        identical=sum(1 for run in compared if run.identical),
+        compared=len(compared),
+        draft_share=share(lambda run: run.draft_seconds),
+        target_share=share(lambda run: run.target_seconds),
+        other_share=share(lambda run: run.other_seconds),
+        fallback_share=(
+            sum(run.fallback_steps or 0 for run in runs) / steps if speculative and steps else None
+        ),
+        empty_draft_share=(
+            sum(run.empty_draft_steps or 0 for run in runs) / steps
+            if speculative and steps
+            else None
+        ),
+        first_draft_acceptance=first_taken / first_tried if first_tried else None,
+        draft_cost_vs_target=_median(run.draft_cost_vs_target for run in runs),
+    )
+
+
+def _by_group(
+    groups: dict[str, list[PromptRecord]], methods: Sequence[Method]
+) -> dict[str, dict[str, MethodSummary]]:
+    """Each group's figures, per method (a method left out of a prompt is left out there)."""
+    return {
+        name: {
+            method.name: _summary(
+                method.name,
+                [record.runs[method.name] for record in members if method.name in record.runs],
+            )
+            for method in methods
+        }
+        for name, members in groups.items()
+    }
+
+
+def summarize(
+    records: Sequence[PromptRecord], methods: Sequence[Method]
+) -> dict[str, dict[str, MethodSummary]]:
+    """Figures per category (in the order first met) and `overall`, per method."""
+    groups: dict[str, list[PromptRecord]] = {}
+    for record in records:
+        groups.setdefault(record.prompt.category, []).append(record)
+    if records:
+        groups[OVERALL] = list(records)
+    return _by_group(groups, methods)
+
+
+def summarize_turns(
+    records: Sequence[PromptRecord], methods: Sequence[Method]
+) -> dict[str, dict[str, MethodSummary]]:
+    """Figures per kind of turn (first turns, later turns, long input; the
+    kinds no prompt is of are left out), per method."""
+    groups: dict[str, list[PromptRecord]] = {
+        name: [record for record in records if name in record.groups] for name in TURN_GROUPS
+    }
+    return _by_group({name: members for name, members in groups.items() if members}, methods)

@@ -1,0 +1,45 @@
+"""Model specs: which model to load, in which dtype, quantized or not.
+
+A `ModelSpec` names a model by its source and keeps the dtype and the
+quantization as the names a user writes (`DTYPE_NAMES`, `QUANTIZE_NAMES`):
+config files and flags build specs, and the loader (`loading.py`) resolves
+them. This module imports neither torch nor transformers, so that reading a
+config or parsing flags does not wait for them; it knows nothing about
+loading.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["DTYPE_NAMES", "QUANTIZE_NAMES", "ModelSpec"]
+
+DTYPE_NAMES = ("auto", "float32", "fp32", "float16", "fp16", "bfloat16", "bf16")
+QUANTIZE_NAMES = ("none", "8bit", "4bit")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """One model to load: where from, in which dtype, quantized or not.
+
+    `source` is "embedded", a path to a `.gguf` file, a local model directory
+    or a Hugging Face hub id. `quantize` is None, "8bit" or "4bit" ("none" is
+    accepted and stored as None).
+    """
+
+    source: str
+    dtype: str = "auto"
+    quantize: str | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.source, str) or not self.source.strip():
+            raise ValueError(f"source must be a non-empty string, got {self.source!r}")
+        if self.dtype not in DTYPE_NAMES:
+            raise ValueError(f"dtype must be one of {', '.join(DTYPE_NAMES)}, got {self.dtype!r}")
+        quantize = None if self.quantize == "none" else self.quantize
+        if quantize not in (None, "8bit", "4bit"):
+            raise ValueError(
+                f"quantize must be one of {', '.join(QUANTIZE_NAMES)}, got {self.quantize!r}"
+            )
+        object.__setattr__(self, "source", self.source.strip())
+        object.__setattr__(self, "quantize", quantize)

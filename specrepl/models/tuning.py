@@ -1,0 +1,91 @@
+"""Tuning a loaded model: the one place that changes a model for speed.
+
+Each loaded model carries a `Tuning` (`specrepl.engine.tuning`: its width
+plan, its linear forms, its attention), made by the loader and handed to
+whatever runs the model. Two of its choices cannot stay outside the model,
+because of how the libraries decide:
+
+- a linear layer's class decides its forward, so a model whose plan can use
+  the weight-first product has its plain linear layers switched to
+  `linear_forms.FormChoosingLinear` (`allow_linear_forms`);
+- transformers reads the attention implementation from the model's config,
+  so a copy of the target that attends cheaper in the dtype of the target's
+  keys and values is switched to `copy_attention.ATTENTION`
+  (`choose_copy_attention`), through transformers' `set_attn_implementation`.
+
+Only the functions here make those changes, each records it in the model's
+`Tuning`, `apply_tuning` makes a model loaded again match what its tuning
+records, and `undo_tuning` gives a model its stock layers and attention back.
+This module knows nothing about decoding, settings or the store.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import PreTrainedModel
+
+from specrepl.engine.copy_attention import ATTENTION, can_attend_in_cache_dtype, measure_attention
+from specrepl.engine.linear_forms import allow_forms, stock_forms
+from specrepl.engine.tuning import Tuning
+
+__all__ = [
+    "STOCK_ATTENTION",
+    "allow_linear_forms",
+    "apply_tuning",
+    "attend_in_cache_dtype",
+    "choose_copy_attention",
+    "undo_tuning",
+]
+
+STOCK_ATTENTION = "sdpa"
+"""The attention implementation `ATTENTION` replaces (and `undo_tuning` restores)."""
+
+
+def allow_linear_forms(model: PreTrainedModel, tuning: Tuning) -> None:
+    """Let `model`'s plain float linear layers on the CPU take the weight-first
+    form (`linear_forms.allow_forms`), and record whether any can."""
+    tuning.linear_forms = allow_forms(model) > 0
+
+
+def attend_in_cache_dtype(model: PreTrainedModel, tuning: Tuning) -> bool:
+    """Switch `model` (one using `sdpa`) to attend in its cache's dtype and record
+    it; False, and nothing changed, for a model with another implementation."""
+    if not can_attend_in_cache_dtype(model):
+        return False
+    model.set_attn_implementation(ATTENTION)
+    tuning.attention = ATTENTION
+    return True
+
+
+def choose_copy_attention(copy: PreTrainedModel, tuning: Tuning, cache_dtype: torch.dtype) -> None:
+    """For a copy of the target that takes the target's keys and values (in
+    `cache_dtype`, the target's dtype): on a CPU, when its own dtype differs,
+    time one query over a 512-token context both ways (once, ~20 ms) and attend
+    in `cache_dtype` where that measured cheaper than casting the keys and
+    values to the copy's dtype (`copy_attention.py`)."""
+    own = copy.dtype
+    if cache_dtype == own or next(copy.parameters()).device.type != "cpu":
+        return
+    costs = measure_attention(copy, cache_dtype)
+    if costs and costs[cache_dtype] < costs[own]:
+        attend_in_cache_dtype(copy, tuning)
+
+
+def apply_tuning(model: PreTrainedModel, tuning: Tuning) -> None:
+    """Make `model` (the same weights loaded again) run as `tuning` records."""
+    if tuning.linear_forms:
+        allow_forms(model)
+    if tuning.attention is not None:
+        model.set_attn_implementation(tuning.attention)
+
+
+def undo_tuning(model: PreTrainedModel, tuning: Tuning) -> None:
+    """Give `model` its stock linear layers and attention back, and let `tuning`
+    say so; its width plan is kept (without the switched layers, its passes
+    run in the stock form)."""
+    if tuning.linear_forms:
+        stock_forms(model)
+        tuning.linear_forms = False
+    if tuning.attention is not None:
+        model.set_attn_implementation(STOCK_ATTENTION)
+        tuning.attention = None

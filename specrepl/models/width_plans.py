@@ -1,0 +1,129 @@
+"""Width plans of a loaded pair: timed once per model and machine, kept on disk.
+
+`tune_pair_widths` gives the target and, when it is another model, the
+drafter of a pair a width plan (`specrepl.engine.widths`) in their `Tuning`:
+measured now, or read from a store (a JSON file, `widths.json` in the cache)
+where an earlier start measured it. Stored plans are keyed by the model as
+loaded, the CPU, the thread count and the torch version, so another machine
+or an upgrade measures again; a plan is also measured again once it is older
+than `MAX_PLAN_AGE_DAYS`, or on request (`retime=True`), and a measurement
+whose repeats disagree by more than `NOISY_SPREAD` (the machine was busy) is
+used for the session but not stored, so it cannot slow every later start down.
+
+A model is timed with its linear layers able to take either form
+(`tuning.allow_linear_forms`, recorded in its tuning). This module knows
+nothing about decoding, settings or the terminal.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from specrepl.engine.widths import WidthPlan, cpu_model, measure_plan, plan_widths
+from specrepl.models.loaded import LoadedModel
+from specrepl.models.pair import ModelPair
+from specrepl.models.tuning import allow_linear_forms
+from specrepl.store.atomic import write_text_atomically
+
+__all__ = ["MAX_PLAN_AGE_DAYS", "NOISY_SPREAD", "tune_pair_widths"]
+
+MAX_PLAN_AGE_DAYS = 30
+NOISY_SPREAD = 0.25  # (second largest - second smallest) / median of one width's repeats
+
+
+def tune_pair_widths(
+    pair: ModelPair, max_gamma: int, *, store: Path | None = None, retime: bool = False
+) -> dict[str, WidthPlan]:
+    """Give the target and, when it is a different model, the drafter of `pair`
+    a width plan for widths up to max_gamma + 1, in their `tuning`; returns the
+    plans by role. With `store` (a JSON file), timings measured before for the
+    same model, machine and torch, less than `MAX_PLAN_AGE_DAYS` ago, are reused
+    unless `retime`; new ones are added to it unless their repeats were noisy."""
+    loaded = {"target": pair.target}
+    drafter = pair.drafter
+    if drafter is not None and drafter.model is not pair.target.model:
+        loaded["drafter"] = drafter
+    max_width = max_gamma + 1
+    saved = _read_store(store) if store is not None else {}
+    now = time.time()
+    plans: dict[str, WidthPlan] = {}
+    for role, model in loaded.items():
+        key = _plan_key(model, max_width)
+        plan = None if retime else _stored_plan(saved.get(key), now)
+        if plan is None:
+            plan = _measure(model, max_width, saved, key, now)
+        elif plan.weight_first:
+            allow_linear_forms(model.model, model.tuning)
+        model.tuning.plan = plan
+        plans[role] = plan
+    if store is not None:
+        try:
+            store.parent.mkdir(parents=True, exist_ok=True)
+            write_text_atomically(store, json.dumps(saved, indent=1))
+        except OSError:
+            pass  # a read-only cache only costs a new measurement next time
+    return plans
+
+
+def _measure(
+    loaded: LoadedModel, max_width: int, saved: dict[str, Any], key: str, now: float
+) -> WidthPlan:
+    """Time `loaded`'s widths (its layers switched first: the stock form is timed
+    on the layers that will run it) and note the plan in `saved` unless noisy."""
+    allow_linear_forms(loaded.model, loaded.tuning)
+    plan, noise = measure_plan(loaded.model, max_width, forms=loaded.tuning.linear_forms)
+    if noise <= NOISY_SPREAD:
+        saved[key] = {
+            "seconds": plan.seconds,
+            "weight_first": sorted(plan.weight_first),
+            "measured_at": now,
+            "spread": noise,
+        }
+    else:
+        saved.pop(key, None)
+    return plan
+
+
+def _plan_key(loaded: LoadedModel, max_width: int) -> str:
+    """What a stored plan must match: the model as loaded, the machine, torch."""
+    parts = (
+        loaded.name,
+        str(loaded.dtype),
+        str(loaded.quantization),
+        str(loaded.parameters),
+        str(loaded.device),
+        cpu_model(),
+        f"threads={torch.get_num_threads()}",
+        f"torch={torch.__version__}",
+        f"widths=1..{max_width}",
+    )
+    return " | ".join(parts)
+
+
+def _read_store(store: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(store.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _stored_plan(entry: Any, now: float) -> WidthPlan | None:
+    """The plan of a stored entry, if it is well formed and not too old."""
+    try:
+        seconds = {int(w): float(t) for w, t in entry["seconds"].items()}
+        measured = float(entry["measured_at"])
+        # a plan stored before the form was chosen per width lacks the key: measured again
+        weight_first = frozenset(int(w) for w in entry["weight_first"])
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return None
+    if not 0 <= now - measured <= MAX_PLAN_AGE_DAYS * 86400:
+        return None
+    if not seconds or not all(t > 0 for t in seconds.values()):
+        return None
+    return plan_widths(seconds, weight_first=weight_first)
