@@ -39,11 +39,13 @@ from specrepl.app.repl import PipeReader, TerminalReader, run
 from specrepl.chat.answers import Answer, Message, RunFinished, RunStarted, RunStep
 from specrepl.chat.session import ChatSession
 from specrepl.chat.settings import Settings
+from specrepl.engine.drafters.head_store import target_fingerprint
 from specrepl.engine.drafters.ngram import NgramDrafter
 from specrepl.engine.signals import EXIT_TERMINATED
 from specrepl.models import loading as models
 from specrepl.models.pair import ModelPair
 from specrepl.testing import interrupt_on_call, perturbed_copy, tiny_llama, tiny_tokenizer
+from specrepl.train.shards import TokenData
 
 ROOT = Path(__file__).resolve().parent.parent
 PROMPT, NEXT_PROMPT = "w7 w8 w9", "w12 w13"
@@ -819,3 +821,30 @@ def test_a_signal_in_distill_keeps_a_resumable_work_directory(
     assert LINE_FOR[sig] in text and "Traceback" not in text
     assert leftovers(tmp_path) == []
     assert not out.exists()  # no head was written half-trained
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_in_distill_data_keeps_every_whole_shard(
+    models_dir: Path, tmp_path: Path, sig: signal.Signals
+) -> None:
+    """Background data accumulation, stopped: the shards listed all read, and
+    nothing half-written is left beside them."""
+    data = tmp_path / "data"
+    argv = [
+        "--config", str(models_dir / "tiny.toml"), "distill", "--data", str(data),
+        "--data-only", "--data-tokens", "100000000",
+    ]  # fmt: skip
+    status, text = signalled(argv, sig, "answer tokens: 1", settle=2.0)
+    assert status == EXIT_FOR[sig], text
+    assert LINE_FOR[sig] in text and "Traceback" not in text
+    assert leftovers(tmp_path) == []
+    opened = TokenData.open(
+        data,
+        name="target",
+        fingerprint=target_fingerprint(tiny_llama(32, seed=4)),
+        vocab_size=32,
+    )
+    damaged: list[str] = []
+    records = list(opened.records(damaged.append))
+    assert opened.shards and not damaged
+    assert len(records) == sum(shard.records for shard in opened.shards)

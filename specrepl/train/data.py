@@ -1,131 +1,60 @@
-"""Training data for a draft head, made by the target itself (self-distillation).
+"""The target's answers and features for a draft head (self-distillation).
 
-Three stages, each resumable from what is already on disk:
+Given prompts (`prompts.py` has the target write them), this module makes:
 
-1. Prompts the target writes itself (the "Magpie" recipe, Xu et al. 2024,
-   arXiv 2406.08464): the chat template is rendered up to the start of a user
-   turn, optionally followed by an opening word ("Explain", "Translate", ...),
-   and the target samples the rest of the user's message. No prompt set is
-   read, so nothing used to measure speed (Spec-Bench, the development
-   prompts) can leak into training.
-2. The target's greedy answers to those prompts, generated in batches.
-3. The target's final hidden state (after its last norm, the input of its
+1. the target's greedy answers, generated in batches (`batched_generate`:
+   rows leave the batch as they end, the cache grows in place);
+2. the target's final hidden state (after its last norm, the input of its
    output layer) at every position of prompt plus answer, captured during that
-   same generation: a draft head learns to predict the next feature and token
-   from them.
+   same generation or computed afterwards in one batched pass
+   (`target_features`): a draft head learns to predict the next feature and
+   token from them.
 
-A data directory holds `prompts.jsonl` and numbered shards
-(`shard-00000.pt`, ...); each shard is a list of records
-`{"ids": LongTensor (L,), "features": bfloat16 (L, hidden), "prompt_length": int}`,
+The work directory of `distill` (in the user cache) holds `prompts.jsonl` and
+numbered shards (`shard-00000.pt`, ...); each shard is a list of records
+`{"ids": LongTensor (L,), "features": bfloat16 (L - 1, hidden), "prompt_length": int}`,
 written atomically, so an interrupted run loses at most the shard in progress.
+Data meant to be kept (in a repository) holds ids only: `shards.py`.
 
-This module never prints: progress goes through a callback.
+This module never prints: progress goes through a callback. It knows nothing
+of the shard format kept in a repository, nor of training.
 """
 
 from __future__ import annotations
 
-import json
-import random
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from transformers import PreTrainedModel
 
 from specrepl.engine.kv_cache import growing_cache
 from specrepl.store.atomic import unreadable, write_atomically
 
 __all__ = [
-    "OPENERS",
     "DataProgress",
     "GeneratedBatch",
+    "ProgressCallback",
     "batched_generate",
     "load_shards",
     "make_answers",
-    "make_prompts",
-    "read_prompts",
     "target_features",
 ]
-
-# Opening words that steer the self-written prompts towards the kinds of
-# request people send a chat model. "" leaves the message to the model.
-OPENERS: tuple[str, ...] = (
-    "",
-    "",
-    "",
-    "",
-    "",
-    "",
-    "Write",
-    "Write a short story",
-    "Write a poem",
-    "Write an email",
-    "Write a letter",
-    "Explain",
-    "Explain how",
-    "Explain why",
-    "Describe",
-    "What is",
-    "What are",
-    "How do",
-    "How can I",
-    "Why",
-    "Who was",
-    "When did",
-    "Where",
-    "Can you",
-    "Could you help me",
-    "I need",
-    "Please",
-    "Summarize",
-    "Summarize the following text:",
-    "Translate",
-    "Translate into French:",
-    "Translate into German:",
-    "Translate into Spanish:",
-    "List",
-    "Give me",
-    "Suggest",
-    "Compare",
-    "What is the difference between",
-    "Solve",
-    "Calculate",
-    "If a",
-    "A train",
-    "John has",
-    "Write a Python function",
-    "Write a function",
-    "How do I write code",
-    "Fix this code:",
-    "What does this code do?",
-    "Extract",
-    "From the following text,",
-    "Classify",
-    "Rewrite",
-    "Edit",
-    "Imagine you are",
-    "Pretend to be",
-    "You are a",
-    "Act as",
-    "Tell me about",
-    "What happened",
-    "Is it true that",
-    "Should I",
-    "Create a plan",
-    "Give me tips",
-    "What are the benefits of",
-)
 
 
 @dataclass(frozen=True)
 class DataProgress:
-    """One progress report: `stage` is "prompts" or "answers"."""
+    """One progress report: `stage` is "prompts", "answers" (done and total
+    count shards) or "answer tokens" (done and total count answer tokens in a
+    data directory, with this run's rate and the time left at that rate)."""
 
     stage: str
     done: int
     total: int
     tokens: int = 0
+    tokens_per_second: float | None = None
+    seconds_left: float | None = None
 
 
 ProgressCallback = Callable[[DataProgress], None]
@@ -236,95 +165,6 @@ def batched_generate(
             row_features = torch.cat(features[row], dim=0)[: sequence.shape[0] - 1]
             result.features.append(row_features.clone())
     return result
-
-
-def _user_turn_prefix(tokenizer: PreTrainedTokenizerBase, system: str | None) -> tuple[str, str]:
-    """The chat template rendered up to where a user's message starts, and
-    what follows a message (to find where the model's message ends)."""
-    marker = "\u2063USER\u2063"
-    messages = [{"role": "user", "content": marker}]
-    if system:
-        messages.insert(0, {"role": "system", "content": system})
-    text = tokenizer.apply_chat_template(messages, tokenize=False)
-    prefix, suffix = text.split(marker, 1)
-    return prefix, suffix
-
-
-def make_prompts(
-    model: PreTrainedModel,
-    tokenizer: PreTrainedTokenizerBase,
-    count: int,
-    path: Path,
-    *,
-    seed: int = 0,
-    batch_size: int = 32,
-    max_tokens: int = 96,
-    temperature: float = 0.9,
-    top_p: float = 0.95,
-    end_tokens: Sequence[int],
-    progress: ProgressCallback | None = None,
-) -> list[str]:
-    """Have the target write `count` distinct user messages; appends to
-    `path` (JSON lines) and resumes from what it already holds."""
-    prompts = read_prompts(path)
-    seen = set(prompts)
-    rng = random.Random(seed + len(prompts))
-    generator = torch.Generator().manual_seed(seed + len(prompts))
-    prefix, _ = _user_turn_prefix(tokenizer, None)
-    pad_id = (
-        tokenizer.pad_token_id if tokenizer.pad_token_id is not None else next(iter(end_tokens))
-    )
-    special = set(tokenizer.all_special_ids) | set(end_tokens)
-    while len(prompts) < count:
-        openers = [rng.choice(OPENERS) for _ in range(batch_size)]
-        batch = [tokenizer.encode(prefix + opener, add_special_tokens=False) for opener in openers]
-        generated = batched_generate(
-            model,
-            batch,
-            max_new_tokens=max_tokens,
-            end_tokens=end_tokens,
-            pad_id=pad_id,
-            temperature=temperature,
-            top_p=top_p,
-            generator=generator,
-            keep_features=False,
-        )
-        fresh: list[str] = []
-        for opener, sequence, start in zip(
-            openers, generated.ids, generated.prompt_lengths, strict=True
-        ):
-            tail = sequence[start:].tolist()
-            if not tail or tail[-1] not in set(end_tokens):
-                continue  # ran out of tokens before the message ended
-            if any(token in special for token in tail[:-1]):
-                continue  # a control token inside the message: not plain text
-            text = (opener + tokenizer.decode(tail[:-1])).strip()
-            if len(text.split()) < 3 or text in seen or "<|" in text:
-                continue
-            seen.add(text)
-            fresh.append(text)
-        fresh = fresh[: count - len(prompts)]
-        with path.open("a", encoding="utf-8") as handle:
-            for text in fresh:
-                handle.write(json.dumps({"prompt": text}, ensure_ascii=False) + "\n")
-        prompts.extend(fresh)
-        if progress is not None:
-            progress(DataProgress("prompts", len(prompts), count))
-    return prompts[:count]
-
-
-def read_prompts(path: Path) -> list[str]:
-    """The prompts in a JSON-lines file (`{"prompt": ...}` a line); [] if absent.
-    A last line cut short by an interruption is ignored."""
-    if not path.exists():
-        return []
-    prompts = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            prompts.append(json.loads(line)["prompt"])
-        except (json.JSONDecodeError, KeyError, TypeError):
-            continue
-    return prompts
 
 
 def shard_path(directory: Path, index: int) -> Path:

@@ -1,17 +1,23 @@
 """`python infer.py distill`: train a draft head for the target, start to finish.
 
 The stages, each resumable from its files in the work directory:
-prompts the target writes (`data.make_prompts`), its greedy answers and
+prompts the target writes (`prompts.make_prompts`), its greedy answers and
 features (`data.make_answers`), training (`training.train_head`), then a head
 directory (`head_store.save_head`) that records the target's fingerprint, the
 draft vocabulary, the data, the settings, the time spent and the held-back
 agreement. Rerunning the same command after Ctrl-C or a crash continues where
 it stopped.
 
-This module declares the subcommand's flags and runs it (`run(args, front)`):
-the target comes from the application's front door and everything shown goes
-through the front's view (app/front.py, app/render/distill.py), so it does not
-print. It knows nothing about decoding.
+With `--data DIR` the answers are token ids in compact shards that can live
+in a repository (`shards.py`), appended by `accumulate.accumulate_answers`,
+and training recomputes the target's features from them; `--data-only` makes
+the data and stops.
+
+This module runs the subcommand (`run(args, front)`; its flags are declared in
+`options.py` and re-exported here for the command line): the target comes
+from the application's front door and everything shown goes through the
+front's view (app/front.py, app/render/distill.py), so it does not print. It
+knows nothing about decoding.
 """
 
 from __future__ import annotations
@@ -21,11 +27,11 @@ import copy
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Protocol
 
+import numpy as np
 import torch
 from transformers import PreTrainedModel
 
@@ -35,8 +41,17 @@ from specrepl.engine.signals import EXIT_OK, EXIT_USAGE
 from specrepl.models.pair import ModelPair
 from specrepl.models.prompting import chat_prompt_ids
 from specrepl.store.paths import distill_root
-from specrepl.train.data import DataProgress, load_shards, make_answers, make_prompts
-from specrepl.train.training import TrainProgress, TrainSettings, train_head
+from specrepl.train.accumulate import AnswerRecipe, accumulate_answers
+from specrepl.train.data import DataProgress, load_shards, make_answers
+from specrepl.train.options import (
+    DistillOptions,
+    add_arguments,
+    check_arguments,
+    options_from_args,
+)
+from specrepl.train.prompts import PROMPT_SOURCE, make_prompts
+from specrepl.train.shards import DataRefused, DataSummary, TokenData
+from specrepl.train.training import TrainProgress, train_head
 from specrepl.version import __version__
 
 __all__ = [
@@ -44,156 +59,13 @@ __all__ = [
     "DistillOptions",
     "DistillView",
     "add_arguments",
+    "check_arguments",
     "distill",
+    "open_data",
     "options_from_args",
     "run",
+    "write_data",
 ]
-
-TRAIN = TrainSettings()
-"""The training defaults, which the flags show."""
-
-
-@dataclass(frozen=True)
-class DistillOptions:
-    """Everything `distill` needs besides the target."""
-
-    work: Path
-    output: Path
-    prompts: int = 3500
-    data_tokens: int = 500_000
-    max_new_tokens: int = 256
-    writer_dtype: str = "auto"
-    seed: int = 0
-    train: TrainSettings = field(default_factory=TrainSettings)
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The flags of `python infer.py distill`; the model flags come before `distill`."""
-    parser.description = (
-        "Train a draft head for the target: it writes its own prompts, answers them, "
-        "and a small network learns to draft from its hidden states. Resumable: run "
-        "the same command again after an interruption."
-    )
-    parser.add_argument(
-        "--work",
-        type=Path,
-        default=None,
-        metavar="DIR",
-        help="data and checkpoints (default: <cache>/distill/<target fingerprint>)",
-    )
-    parser.add_argument(
-        "--out", type=Path, required=True, metavar="DIR", help="where the trained head is written"
-    )
-    parser.add_argument(
-        "--prompts",
-        type=int,
-        default=DistillOptions.prompts,
-        metavar="N",
-        help=f"prompts the target writes (default {DistillOptions.prompts})",
-    )
-    parser.add_argument(
-        "--data-tokens",
-        type=int,
-        default=DistillOptions.data_tokens,
-        metavar="N",
-        help=f"answer tokens to generate at most (default {DistillOptions.data_tokens})",
-    )
-    parser.add_argument(
-        "--answer-tokens",
-        type=int,
-        default=DistillOptions.max_new_tokens,
-        metavar="N",
-        help=f"longest answer (default {DistillOptions.max_new_tokens})",
-    )
-    parser.add_argument(
-        "--writer-dtype",
-        choices=("auto", "float32", "bfloat16"),
-        default=DistillOptions.writer_dtype,
-        help="precision of the model copy that writes the answers (auto: the "
-        "faster one, timed here; features always come from the target)",
-    )
-    parser.add_argument(
-        "--minutes",
-        type=float,
-        default=TRAIN.max_minutes,
-        metavar="M",
-        help=f"training time budget (default {TRAIN.max_minutes:g})",
-    )
-    parser.add_argument(
-        "--train-tokens",
-        type=int,
-        default=TRAIN.max_tokens,
-        metavar="N",
-        help="training token budget (stops at whichever comes first)",
-    )
-    parser.add_argument(
-        "--draft-vocab",
-        type=int,
-        default=TRAIN.draft_vocab,
-        metavar="N",
-        help=f"tokens the head can draft, the most frequent (default {TRAIN.draft_vocab})",
-    )
-    parser.add_argument(
-        "--depth",
-        type=int,
-        default=TRAIN.depth,
-        metavar="N",
-        help=f"draft positions unrolled in training (default {TRAIN.depth})",
-    )
-    parser.add_argument("--learning-rate", type=float, default=TRAIN.learning_rate, metavar="X")
-    parser.add_argument(
-        "--batch-sequences",
-        type=int,
-        default=TRAIN.batch_sequences,
-        metavar="N",
-        help=f"answers per training step (default {TRAIN.batch_sequences}: more steps in the"
-        " same time)",
-    )
-    parser.add_argument(
-        "--distill-seed",
-        type=int,
-        default=DistillOptions.seed,
-        metavar="N",
-        help=f"seed of the prompts and of training (default {DistillOptions.seed})",
-    )
-
-
-def options_from_args(args: argparse.Namespace, default_work: Path) -> DistillOptions:
-    """Validated options; ValueError names a bad flag."""
-    checks = (
-        ("--prompts", args.prompts, 1),
-        ("--data-tokens", args.data_tokens, 1),
-        ("--answer-tokens", args.answer_tokens, 1),
-        ("--draft-vocab", args.draft_vocab, 2),
-        ("--depth", args.depth, 1),
-        ("--batch-sequences", args.batch_sequences, 1),
-    )
-    for flag, value, low in checks:
-        if value < low:
-            raise ValueError(f"{flag} must be at least {low}, got {value}")
-    if not args.minutes > 0:
-        raise ValueError(f"--minutes must be > 0, got {args.minutes}")
-    if not 0 < args.learning_rate < 1:
-        raise ValueError(f"--learning-rate must be in (0, 1), got {args.learning_rate}")
-    train = TrainSettings(
-        draft_vocab=args.draft_vocab,
-        depth=args.depth,
-        learning_rate=args.learning_rate,
-        batch_sequences=args.batch_sequences,
-        max_minutes=args.minutes,
-        max_tokens=args.train_tokens,
-        seed=args.distill_seed,
-    )
-    return DistillOptions(
-        work=args.work or default_work,
-        output=args.out,
-        prompts=args.prompts,
-        data_tokens=args.data_tokens,
-        max_new_tokens=args.answer_tokens,
-        writer_dtype=args.writer_dtype,
-        seed=args.distill_seed,
-        train=train,
-    )
 
 
 @torch.no_grad()
@@ -223,22 +95,72 @@ def answer_writer(target: PreTrainedModel, dtype: str) -> tuple[PreTrainedModel,
     return target, "float32"
 
 
-def distill(
+def _encoder(pair: ModelPair) -> Callable[[str], list[int]]:
+    def encode(text: str) -> list[int]:
+        return chat_prompt_ids(pair.tokenizer, [{"role": "user", "content": text}])
+
+    return encode
+
+
+def _pad_id(pair: ModelPair) -> int:
+    tokenizer = pair.tokenizer
+    return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else pair.eos_token_ids[0]
+
+
+def open_data(pair: ModelPair, directory: Path) -> TokenData:
+    """The data directory for this target; DataRefused for another target's."""
+    return TokenData.open(
+        directory,
+        name=pair.target.name,
+        fingerprint=target_fingerprint(pair.target.model),
+        vocab_size=pair.vocab_size,
+    )
+
+
+def write_data(
     pair: ModelPair,
     options: DistillOptions,
     *,
     on_data: Callable[[DataProgress], None] | None = None,
-    on_train: Callable[[TrainProgress], None] | None = None,
     on_message: Callable[[str], None] | None = None,
-) -> dict[str, Any]:
-    """Run every stage; returns the head's description (also in its head.json)."""
+) -> TokenData:
+    """Append answers to `options.data` until it holds `options.data_tokens`
+    answer tokens; the directory, opened."""
     say = on_message or (lambda message: None)
+    if options.data is None:
+        raise ValueError("write_data needs a data directory (options.data)")
+    data = open_data(pair, options.data)
+    if data.summary().answer_tokens >= options.data_tokens:
+        return data
+    writer, writer_dtype = answer_writer(pair.target.model, options.writer_dtype)
+    say(f"answers are written by the target in {writer_dtype}, as token ids into {options.data}")
+    recipe = AnswerRecipe(options.max_new_tokens, writer_dtype, options.seed)
+    accumulate_answers(
+        writer,
+        pair.tokenizer,
+        data,
+        token_budget=options.data_tokens,
+        recipe=recipe,
+        encode=_encoder(pair),
+        end_tokens=pair.eos_token_ids,
+        pad_id=_pad_id(pair),
+        progress=on_data,
+        on_message=say,
+    )
+    return data
+
+
+def _cache_data(
+    pair: ModelPair,
+    options: DistillOptions,
+    on_data: Callable[[DataProgress], None] | None,
+    say: Callable[[str], None],
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Prompts, answers and features in the work directory: the records, and
+    how they were made."""
     target, tokenizer = pair.target.model, pair.tokenizer
-    options.work.mkdir(parents=True, exist_ok=True)
-    began = time.perf_counter()
     writer, writer_dtype = answer_writer(target, options.writer_dtype)
     say(f"answers are written by the target in {writer_dtype}; features come from the target")
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else pair.eos_token_ids[0]
     prompts = make_prompts(
         writer,
         tokenizer,
@@ -250,28 +172,75 @@ def distill(
         max_tokens=80,
         progress=on_data,
     )
-
-    def encode(text: str) -> list[int]:
-        return chat_prompt_ids(tokenizer, [{"role": "user", "content": text}])
-
     make_answers(
         writer,
         target,
         prompts,
         options.work,
-        encode=encode,
+        encode=_encoder(pair),
         end_tokens=pair.eos_token_ids,
-        pad_id=pad_id,
+        pad_id=_pad_id(pair),
         max_new_tokens=options.max_new_tokens,
         token_budget=options.data_tokens,
         progress=on_data,
         on_message=say,
     )
     del writer
+    made = {
+        "max_new_tokens": options.max_new_tokens,
+        "answers": f"greedy, written in {writer_dtype}",
+    }
+    return list(load_shards(options.work)), made
+
+
+def _directory_data(
+    pair: ModelPair,
+    options: DistillOptions,
+    on_data: Callable[[DataProgress], None] | None,
+    say: Callable[[str], None],
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Answers appended to the data directory, read back as records of ids
+    (their features are computed in training), and how they were made."""
+    data = write_data(pair, options, on_data=on_data, on_message=say)
+    records = [
+        {
+            "ids": torch.from_numpy(record.ids.astype(np.int64)),
+            "prompt_length": record.prompt_length,
+        }
+        for record in data.records(say)
+    ]
+    recipes = [shard.recipe for shard in data.shards]
+    dtypes = sorted({str(recipe.get("writer_dtype")) for recipe in recipes})
+    summary = data.summary()
+    made = {
+        "max_new_tokens": max((int(r.get("max_new_tokens", 0)) for r in recipes), default=0),
+        "answers": f"greedy, written in {', '.join(dtypes)}",
+        "directory": str(summary.directory),
+        "shards": summary.shards,
+        "cpu_seconds": summary.cpu_seconds,
+        "cpu": sorted({shard.cpu for shard in data.shards}),
+    }
+    return records, made
+
+
+def distill(
+    pair: ModelPair,
+    options: DistillOptions,
+    *,
+    on_data: Callable[[DataProgress], None] | None = None,
+    on_train: Callable[[TrainProgress], None] | None = None,
+    on_message: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """Run every stage; returns the head's description (also in its head.json)."""
+    say = on_message or (lambda message: None)
+    target = pair.target.model
+    options.work.mkdir(parents=True, exist_ok=True)
+    began = time.perf_counter()
+    make = _cache_data if options.data is None else _directory_data
+    records, made = make(pair, options, on_data, say)
     data_seconds = time.perf_counter() - began
-    records = list(load_shards(options.work))
     if not records:
-        raise RuntimeError(f"no training data in {options.work}")
+        raise RuntimeError(f"no training data in {options.data or options.work}")
     answer_tokens = sum(int(r["ids"].shape[0]) - int(r["prompt_length"]) for r in records)
     say(f"training on {len(records)} answers, {answer_tokens} answer tokens")
     state = train_head(
@@ -295,11 +264,10 @@ def distill(
         "draft_vocab": int(state.head.token_ids.shape[0]),
         "parameters": head_parameters(state.head),
         "data": {
-            "prompts": "written by the target itself (Magpie-style, see specrepl/train/data.py)",
+            "prompts": PROMPT_SOURCE,
             "prompt_count": len(records),
             "answer_tokens": answer_tokens,
-            "max_new_tokens": options.max_new_tokens,
-            "answers": f"greedy, written in {writer_dtype}",
+            **made,
             "seed": options.seed,
         },
         "training": {
@@ -332,6 +300,8 @@ class DistillView(Protocol):
 
     def distilled(self, description: dict[str, Any], output: str) -> None: ...
 
+    def data_written(self, summary: DataSummary, run_cpu_seconds: float) -> None: ...
+
 
 class DistillFront(Protocol):
     """The command line's side of `distill` (app/front.py's `Front`)."""
@@ -354,11 +324,14 @@ def run(args: argparse.Namespace, front: DistillFront) -> int:
     """`python infer.py distill`: the target loaded, the flags checked, every stage
     under progress bars, and what was written.
 
-    Exit status: 0; 1 (the target cannot be loaded); 2 (a bad flag or config);
-    130 (Ctrl-C: the last checkpoint is kept, the same command resumes).
+    Exit status: 0; 1 (the target cannot be loaded); 2 (a bad flag or config,
+    a --data directory that holds another target's data or does not read);
+    130 (Ctrl-C: the last checkpoint and every whole shard are kept, the same
+    command resumes).
     """
     view = front.view
     try:
+        check_arguments(args)
         pair = front.load_target()
         if isinstance(pair, int):
             return pair
@@ -368,15 +341,34 @@ def run(args: argparse.Namespace, front: DistillFront) -> int:
         return EXIT_USAGE
     except KeyboardInterrupt:
         return front.stopped("Interrupted while loading the target.")
-    view.note(f"distill: work directory {options.work} (rerun the same command to resume)")
+    if options.data_only:
+        view.note(f"distill: data directory {options.data} (rerun the same command to resume)")
+    elif options.data is not None:
+        view.note(
+            f"distill: data directory {options.data}, checkpoints in {options.work}"
+            " (rerun the same command to resume)"
+        )
+    else:
+        view.note(f"distill: work directory {options.work} (rerun the same command to resume)")
+    cpu = time.process_time()
     try:
         with view.distill_progress() as (on_data, on_train):
-            description = distill(
-                pair, options, on_data=on_data, on_train=on_train, on_message=view.note
-            )
+            if options.data_only:
+                data = write_data(pair, options, on_data=on_data, on_message=view.note)
+            else:
+                description = distill(
+                    pair, options, on_data=on_data, on_train=on_train, on_message=view.note
+                )
+    except DataRefused as error:
+        view.fatal(f"distill: {error}")
+        return EXIT_USAGE
     except KeyboardInterrupt:
         return front.stopped(
-            "Interrupted: the last checkpoint is kept; run the same command again to resume."
+            "Interrupted: the last checkpoint and every whole shard are kept; run the same"
+            " command again to resume."
         )
-    view.distilled(description, str(options.output))
+    if options.data_only:
+        view.data_written(data.summary(), time.process_time() - cpu)
+    else:
+        view.distilled(description, str(options.output))
     return EXIT_OK

@@ -1,4 +1,6 @@
-"""Training a draft head on self-distilled data (see `data.py`).
+"""Training a draft head on self-distilled data (see `data.py`; records that
+hold token ids only, as `shards.py` keeps them, get the target's features from
+`features.py` when first used).
 
 The head reads the target's feature f_t and the token x_{t+1} and learns the
 target's distribution over x_{t+2}: a soft cross-entropy against the target's
@@ -37,6 +39,7 @@ from specrepl.engine.drafters.draft_head import DraftHead
 from specrepl.engine.signals import Terminated
 from specrepl.store.atomic import unreadable, write_atomically
 from specrepl.store.paths import DISTILL_CHECKPOINT_FILE
+from specrepl.train.features import FEATURE_BUDGET_BYTES, FeatureSource
 
 __all__ = [
     "TrainProgress",
@@ -183,7 +186,7 @@ def _losses(
 def _batches(records: Sequence[dict], size: int, seed: int, epoch: int) -> list[list[int]]:
     """Indices grouped by length (little padding), in an order shuffled by
     (seed, epoch): a resumed run finds the same order again."""
-    order = sorted(range(len(records)), key=lambda i: int(records[i]["features"].shape[0]))
+    order = sorted(range(len(records)), key=lambda i: int(records[i]["ids"].shape[0]))
     groups = [order[i : i + size] for i in range(0, len(order), size)]
     random.Random(seed * 100_003 + epoch).shuffle(groups)
     return groups
@@ -250,10 +253,15 @@ def train_head(
     progress: Callable[[TrainProgress], None] | None = None,
     evaluate_every: int = 200,
     on_message: Callable[[str], None] | None = None,
+    feature_budget: int = FEATURE_BUDGET_BYTES,
 ) -> TrainState:
     """Train a head for `target` on `records`, resuming from a checkpoint in
     `work_directory` made with the same settings. Stops at the time or token
-    budget; Ctrl-C or SIGTERM stops after writing a checkpoint (and is re-raised)."""
+    budget; Ctrl-C or SIGTERM stops after writing a checkpoint (and is re-raised).
+
+    A record without "features" (ids only) gets the target's, computed when it
+    is first used (`features.FeatureSource`, counted in the training time) and
+    kept while they fit `feature_budget` bytes."""
     work_directory.mkdir(parents=True, exist_ok=True)
     checkpoint_path = work_directory / DISTILL_CHECKPOINT_FILE
     rng = random.Random(settings.seed)
@@ -261,7 +269,8 @@ def train_head(
     indices = list(range(len(records)))
     rng.shuffle(indices)
     held = max(1, int(len(records) * settings.holdout))
-    held_back = [records[i] for i in indices[:held]]
+    features = FeatureSource(target, budget_bytes=feature_budget)
+    held_back = features.with_features([records[i] for i in indices[:held]])
     training = [records[i] for i in indices[held:]]
     token_ids = choose_draft_vocabulary(training, settings.draft_vocab, end_tokens, vocab_size)
     head = DraftHead.for_target(target, token_ids, copy_last_layer=settings.copy_last_layer).float()
@@ -311,7 +320,8 @@ def train_head(
                 if used() >= 1.0:
                     break
                 began = time.perf_counter()
-                batch = _batch([training[i] for i in group], dtype, head.token_ids.device)
+                chosen = features.with_features([training[i] for i in group])
+                batch = _batch(chosen, dtype, head.token_ids.device)
                 for parameters in optimizer.param_groups:
                     parameters["lr"] = _learning_rate(settings, used())
                 loss, _ = _losses(head, batch, settings)

@@ -1,9 +1,12 @@
 """What `distill` shows: its progress and the head it wrote (`DistillRenderer`).
 
-On a terminal, a bar per data stage (prompts, answers) and one for training,
-with the time left, the loss and the held-back agreement of each draft
-position; off a terminal, a line per data report and a training line every
-twentieth of the time budget. At the end, the head's description.
+On a terminal, a bar per data stage (prompts, answers, or the answer tokens
+of a data directory with their rate) and one for training, with the time
+left, the loss and the held-back agreement of each draft position; off a
+terminal (a run in the background, its output in a log), a line per data
+report and a training line every twentieth of the time budget. At the end,
+the head's description, or what a data directory holds and the CPU time it
+took.
 
 It reads the progress reports and the description train/ gives; it never
 trains or loads anything.
@@ -31,12 +34,28 @@ from specrepl.app.render.repl import Renderer
 
 if TYPE_CHECKING:
     from specrepl.train.data import DataProgress
+    from specrepl.train.shards import DataSummary
     from specrepl.train.training import TrainProgress
 
 __all__ = ["DistillRenderer"]
 
 LINE_EVERY = 0.05
 """Off a terminal, a training line every this share of the time budget."""
+
+
+def duration(seconds: float) -> str:
+    """`1 h 05 min`, `12 min`, `40 s`."""
+    if seconds >= 3600:
+        return f"{int(seconds // 3600)} h {int(seconds % 3600 // 60):02d} min"
+    return f"{int(seconds // 60)} min" if seconds >= 60 else f"{seconds:.0f} s"
+
+
+def rate_text(report: DataProgress) -> str:
+    """This run's answer tokens per second and the time left at that rate, or nothing."""
+    if report.tokens_per_second is None:
+        return ""
+    left = "" if report.seconds_left is None else f", {duration(report.seconds_left)} left"
+    return f"{report.tokens_per_second:.0f} tokens/s{left}"
 
 
 def agreement_text(agreement: tuple[float, ...] | None) -> str:
@@ -55,12 +74,12 @@ class DistillLines:
         self.last_share = -1.0
 
     def data(self, report: DataProgress) -> None:
-        self.console.print(
-            Text(
-                f"  {report.stage}: {report.done}/{report.total} ({report.tokens} answer tokens)",
-                style="dim",
-            )
-        )
+        if report.stage == "answer tokens":
+            rate = rate_text(report)
+            line = f"  answer tokens: {report.done}/{report.total}" + (f", {rate}" if rate else "")
+        else:
+            line = f"  {report.stage}: {report.done}/{report.total} ({report.tokens} answer tokens)"
+        self.console.print(Text(line, style="dim"))
 
     def train(self, report: TrainProgress) -> None:
         share = report.seconds / max(report.budget_seconds, 1e-9)
@@ -100,7 +119,10 @@ class DistillBars:
         return self.tasks[name]
 
     def data(self, report: DataProgress) -> None:
-        detail = f"{report.tokens} tokens" if report.tokens else ""
+        if report.stage == "answer tokens":
+            detail = rate_text(report)
+        else:
+            detail = f"{report.tokens} tokens" if report.tokens else ""
         self.bars.update(
             self.task(report.stage, report.total),
             completed=report.done,
@@ -151,8 +173,37 @@ class DistillRenderer(Renderer):
             ("parameters", f"{description['parameters']:,} trained"),
             ("draft vocabulary", f"{description['draft_vocab']} most frequent tokens"),
             ("data", f"{data['prompt_count']} prompts, {data['answer_tokens']} answer tokens"),
+            *(
+                [("data CPU time", f"{duration(data['cpu_seconds'])} ({data['directory']})")]
+                if "cpu_seconds" in data
+                else []
+            ),
             ("training", f"{training['seconds'] / 60:.1f} min, {training['tokens']} tokens"),
             ("held-back agreement", " ".join(f"{a:.3f}" for a in description[agreement])),
+        )
+        for name, value in rows:
+            table.add_row(name, value)
+        self.console.print(table)
+
+    def data_written(self, summary: DataSummary, run_cpu_seconds: float) -> None:
+        """What a data directory holds, its size and the CPU time it took in all."""
+        table = plain_table("distill data")
+        table.add_column("", style="bold")
+        table.add_column("")
+        tokens = summary.prompt_tokens + summary.answer_tokens
+        per_token = summary.bytes / tokens if tokens else 0.0
+        rows = (
+            ("directory", str(summary.directory)),
+            (
+                "shards",
+                f"{summary.shards} ({summary.bytes / 1e6:.2f} MB, {per_token:.2f} bytes a token)",
+            ),
+            ("answers", f"{summary.records} ({summary.prompt_tokens} prompt tokens)"),
+            ("answer tokens", str(summary.answer_tokens)),
+            (
+                "CPU time",
+                f"{duration(summary.cpu_seconds)} in all, {duration(run_cpu_seconds)} this run",
+            ),
         )
         for name, value in rows:
             table.add_row(name, value)

@@ -1,0 +1,190 @@
+"""Appending the target's answers to a data directory, shard by shard.
+
+For `distill --data DIR`: each new shard gets prompts the target writes
+itself (`prompts.write_prompt_batch`, seeded by the run's seed and the shard's
+number, none equal to a prompt already in the directory), the writer's greedy
+answers to them (`data.batched_generate`, token ids only: features are
+recomputed at training time), and is appended to the directory
+(`shards.TokenData.append`) with the CPU time it took. It stops once the
+directory holds the answer tokens asked for; an interruption loses the shard in
+progress only, and the next run appends after the last whole shard.
+
+It knows nothing of training or of the terminal: progress goes through a
+callback, with the answer tokens per second of this run and the time left.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+import numpy as np
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from specrepl.engine.widths import cpu_model
+from specrepl.models.prompting import PromptEncodingError
+from specrepl.train.data import DataProgress, ProgressCallback, batched_generate
+from specrepl.train.prompts import PROMPT_SOURCE, write_prompt_batch
+from specrepl.train.shards import DataSummary, TokenData, TokenRecord
+from specrepl.version import __version__
+
+__all__ = ["AnswerRecipe", "accumulate_answers", "rate_and_time_left"]
+
+FRUITLESS_BATCHES = 20
+"""Prompt batches in a row without one usable prompt before giving up."""
+
+
+@dataclass(frozen=True)
+class AnswerRecipe:
+    """How a shard's prompts and answers are made (recorded with each shard)."""
+
+    max_new_tokens: int = 256
+    writer_dtype: str = "float32"
+    seed: int = 0
+    shard_records: int = 64
+    answer_batch: int = 32
+    prompt_batch: int = 64
+    prompt_tokens: int = 80
+
+    def shard_seed(self, number: int) -> int:
+        """The seed of shard `number`'s prompts: each shard draws its own."""
+        return self.seed * 1_000_003 + number
+
+    def as_record(self, number: int) -> dict[str, Any]:
+        return {
+            "prompts": PROMPT_SOURCE,
+            "prompt_seed": self.shard_seed(number),
+            "prompt_max_tokens": self.prompt_tokens,
+            "answers": "greedy",
+            "writer_dtype": self.writer_dtype,
+            "max_new_tokens": self.max_new_tokens,
+            "seed": self.seed,
+        }
+
+
+def rate_and_time_left(
+    start_tokens: int, tokens: int, budget: int, seconds: float
+) -> tuple[float | None, float | None]:
+    """This run's answer tokens per second and the seconds left to `budget` at
+    that rate; (None, None) before anything was made."""
+    made = tokens - start_tokens
+    if made <= 0 or seconds <= 0:
+        return None, None
+    rate = made / seconds
+    return rate, max(0, budget - tokens) / rate
+
+
+def _prompt_key(ids: Sequence[int] | np.ndarray) -> bytes:
+    return np.asarray(ids, dtype=np.uint32).tobytes()
+
+
+def _shard_prompts(
+    writer: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    recipe: AnswerRecipe,
+    number: int,
+    *,
+    encode: Callable[[str], list[int]],
+    end_tokens: Sequence[int],
+    seen: set[bytes],
+) -> list[list[int]]:
+    """`recipe.shard_records` encoded prompts the writer writes for shard
+    `number`, none of them in `seen` (which grows by them)."""
+    seed = recipe.shard_seed(number)
+    rng, generator = random.Random(seed), torch.Generator().manual_seed(seed)
+    texts: set[str] = set()
+    prompts: list[list[int]] = []
+    fruitless = 0
+    while len(prompts) < recipe.shard_records:
+        fresh = write_prompt_batch(
+            writer,
+            tokenizer,
+            rng=rng,
+            generator=generator,
+            seen=texts,
+            end_tokens=end_tokens,
+            batch_size=recipe.prompt_batch,
+            max_tokens=recipe.prompt_tokens,
+        )
+        before = len(prompts)
+        for text in fresh:
+            try:
+                ids = encode(text)
+            except PromptEncodingError:
+                continue
+            if _prompt_key(ids) not in seen and len(prompts) < recipe.shard_records:
+                seen.add(_prompt_key(ids))
+                prompts.append(ids)
+        fruitless = fruitless + 1 if len(prompts) == before else 0
+        if fruitless >= FRUITLESS_BATCHES:
+            raise RuntimeError(
+                f"the target wrote no usable prompt in {FRUITLESS_BATCHES} batches in a row"
+            )
+    return prompts
+
+
+def accumulate_answers(
+    writer: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    data: TokenData,
+    *,
+    token_budget: int,
+    recipe: AnswerRecipe,
+    encode: Callable[[str], list[int]],
+    end_tokens: Sequence[int],
+    pad_id: int,
+    progress: ProgressCallback | None = None,
+    on_message: Callable[[str], None] | None = None,
+) -> DataSummary:
+    """Append shards to `data` until it holds `token_budget` answer tokens (the
+    shard that passes it is finished); returns what the directory holds."""
+    seen = {_prompt_key(record.ids[: record.prompt_length]) for record in data.records(on_message)}
+    start_tokens = tokens = data.summary().answer_tokens
+    began = time.perf_counter()
+
+    def report() -> None:
+        if progress is not None:
+            rate, left = rate_and_time_left(
+                start_tokens, tokens, token_budget, time.perf_counter() - began
+            )
+            progress(
+                DataProgress("answer tokens", tokens, token_budget, tokens, rate, left),
+            )
+
+    report()
+    while tokens < token_budget:
+        number = int(data.next_file().removeprefix("shard-").removesuffix(".npz"))
+        wall, cpu = time.perf_counter(), time.process_time()
+        prompts = _shard_prompts(
+            writer, tokenizer, recipe, number, encode=encode, end_tokens=end_tokens, seen=seen
+        )
+        prompts.sort(key=len)
+        records: list[TokenRecord] = []
+        for start in range(0, len(prompts), recipe.answer_batch):
+            generated = batched_generate(
+                writer,
+                prompts[start : start + recipe.answer_batch],
+                max_new_tokens=recipe.max_new_tokens,
+                end_tokens=end_tokens,
+                pad_id=pad_id,
+                keep_features=False,
+            )
+            for ids, length in zip(generated.ids, generated.prompt_lengths, strict=True):
+                records.append(TokenRecord(ids.numpy(), length))
+                tokens += int(ids.shape[0]) - length
+            report()
+        data.append(
+            records,
+            recipe=recipe.as_record(number),
+            cpu_seconds=time.process_time() - cpu,
+            wall_seconds=time.perf_counter() - wall,
+            cpu=cpu_model(),
+            date=datetime.now(timezone.utc).strftime("%Y-%m-%d"),
+            made_by=f"specrepl {__version__}, torch {torch.__version__}",
+        )
+    return data.summary()

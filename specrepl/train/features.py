@@ -1,0 +1,66 @@
+"""The target's features for training records that hold token ids only.
+
+Data kept in a repository (`shards.py`) holds no features: they are
+recomputed from the ids with the target (`data.target_features`, a batched
+forward pass over prompt and answer) when a record is first used in training,
+and kept in memory while they fit a budget, so that later passes over small
+data cost nothing more. A record that already carries features (the shards of
+the cache's work directory) is used as it is.
+
+It knows nothing of the file formats, the head or the training loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from transformers import PreTrainedModel
+
+from specrepl.train.data import target_features
+
+__all__ = ["FEATURE_BUDGET_BYTES", "FeatureSource"]
+
+FEATURE_BUDGET_BYTES = 4 << 30
+"""Features kept in memory at most (4 GiB: 3.7M positions of a 576-wide target
+in bfloat16); beyond it they are recomputed whenever a record is used."""
+
+
+class FeatureSource:
+    """Fills in the target's features of records that lack them."""
+
+    def __init__(
+        self,
+        target: PreTrainedModel,
+        *,
+        budget_bytes: int = FEATURE_BUDGET_BYTES,
+        pad_id: int = 0,
+    ) -> None:
+        self.target = target
+        self.budget_bytes = budget_bytes
+        self.pad_id = pad_id  # right padding under a mask: any id gives the same features
+        self.kept_bytes = 0
+        self.computed = 0
+
+    def with_features(self, records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+        """`records` in order, each with its "features" (L - 1, hidden) in
+        bfloat16: the record's own, kept ones, or computed now in one batched
+        pass. Computed features are kept in the record while the budget allows."""
+        missing = [record for record in records if "features" not in record]
+        if not missing:
+            return list(records)
+        computed = target_features(self.target, [r["ids"] for r in missing], pad_id=self.pad_id)
+        self.computed += len(missing)
+        fresh: dict[int, torch.Tensor] = {}
+        for record, features in zip(missing, computed, strict=True):
+            size = features.numel() * features.element_size()
+            if self.kept_bytes + size <= self.budget_bytes:
+                record["features"] = features
+                self.kept_bytes += size
+            else:
+                fresh[id(record)] = features
+        return [
+            record if "features" in record else {**record, "features": fresh[id(record)]}
+            for record in records
+        ]

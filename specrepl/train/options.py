@@ -1,0 +1,198 @@
+"""The flags of `python infer.py distill` and the options they make.
+
+`add_arguments` declares them (the model flags come before `distill`);
+`check_arguments` refuses a bad one before the target is loaded;
+`options_from_args` turns them into `DistillOptions`, everything `distill`
+needs besides the target. It knows nothing of models, data or training
+beyond the training settings' defaults.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from specrepl.train.training import TrainSettings
+
+__all__ = ["TRAIN", "DistillOptions", "add_arguments", "check_arguments", "options_from_args"]
+
+TRAIN = TrainSettings()
+"""The training defaults, which the flags show."""
+
+
+@dataclass(frozen=True)
+class DistillOptions:
+    """Everything `distill` needs besides the target."""
+
+    work: Path
+    output: Path | None
+    prompts: int = 3500
+    data_tokens: int = 500_000
+    max_new_tokens: int = 256
+    writer_dtype: str = "auto"
+    seed: int = 0
+    train: TrainSettings = field(default_factory=TrainSettings)
+    data: Path | None = None
+    data_only: bool = False
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags of `python infer.py distill`; the model flags come before `distill`."""
+    parser.description = (
+        "Train a draft head for the target: it writes its own prompts, answers them, "
+        "and a small network learns to draft from its hidden states. Resumable: run "
+        "the same command again after an interruption."
+    )
+    parser.add_argument(
+        "--work",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="data and checkpoints, checkpoints only with --data (default: "
+        "<cache>/distill/<target fingerprint>)",
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="where the trained head is written (needed unless --data-only)",
+    )
+    parser.add_argument(
+        "--data",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="keep the answers as token ids in DIR, compact shards that can live in a "
+        "repository (docs/draft-heads.md), and train from them, the target's features "
+        "recomputed (default: shards with features in the work directory)",
+    )
+    parser.add_argument(
+        "--data-only",
+        action="store_true",
+        help="with --data: add answers until DIR holds --data-tokens answer tokens, then stop",
+    )
+    parser.add_argument(
+        "--prompts",
+        type=int,
+        default=DistillOptions.prompts,
+        metavar="N",
+        help=f"prompts the target writes (default {DistillOptions.prompts}; with --data each"
+        " shard writes its own)",
+    )
+    parser.add_argument(
+        "--data-tokens",
+        type=int,
+        default=DistillOptions.data_tokens,
+        metavar="N",
+        help="answer tokens to generate at most; with --data, the answer tokens DIR is to "
+        f"hold, counting those already there (default {DistillOptions.data_tokens})",
+    )
+    parser.add_argument(
+        "--answer-tokens",
+        type=int,
+        default=DistillOptions.max_new_tokens,
+        metavar="N",
+        help=f"longest answer (default {DistillOptions.max_new_tokens})",
+    )
+    parser.add_argument(
+        "--writer-dtype",
+        choices=("auto", "float32", "bfloat16"),
+        default=DistillOptions.writer_dtype,
+        help="precision of the model copy that writes the answers (auto: the "
+        "faster one, timed here; features always come from the target)",
+    )
+    parser.add_argument(
+        "--minutes",
+        type=float,
+        default=TRAIN.max_minutes,
+        metavar="M",
+        help=f"training time budget (default {TRAIN.max_minutes:g})",
+    )
+    parser.add_argument(
+        "--train-tokens",
+        type=int,
+        default=TRAIN.max_tokens,
+        metavar="N",
+        help="training token budget (stops at whichever comes first)",
+    )
+    parser.add_argument(
+        "--draft-vocab",
+        type=int,
+        default=TRAIN.draft_vocab,
+        metavar="N",
+        help=f"tokens the head can draft, the most frequent (default {TRAIN.draft_vocab})",
+    )
+    parser.add_argument(
+        "--depth",
+        type=int,
+        default=TRAIN.depth,
+        metavar="N",
+        help=f"draft positions unrolled in training (default {TRAIN.depth})",
+    )
+    parser.add_argument("--learning-rate", type=float, default=TRAIN.learning_rate, metavar="X")
+    parser.add_argument(
+        "--batch-sequences",
+        type=int,
+        default=TRAIN.batch_sequences,
+        metavar="N",
+        help=f"answers per training step (default {TRAIN.batch_sequences}: more steps in the"
+        " same time)",
+    )
+    parser.add_argument(
+        "--distill-seed",
+        type=int,
+        default=DistillOptions.seed,
+        metavar="N",
+        help=f"seed of the prompts and of training (default {DistillOptions.seed})",
+    )
+
+
+def check_arguments(args: argparse.Namespace) -> None:
+    """ValueError naming a bad flag (checked before the target is loaded)."""
+    if args.data_only and args.data is None:
+        raise ValueError("--data-only needs --data DIR")
+    if args.out is None and not args.data_only:
+        raise ValueError("--out DIR is needed (where the head is written), unless --data-only")
+    checks = (
+        ("--prompts", args.prompts, 1),
+        ("--data-tokens", args.data_tokens, 1),
+        ("--answer-tokens", args.answer_tokens, 1),
+        ("--draft-vocab", args.draft_vocab, 2),
+        ("--depth", args.depth, 1),
+        ("--batch-sequences", args.batch_sequences, 1),
+    )
+    for flag, value, low in checks:
+        if value < low:
+            raise ValueError(f"{flag} must be at least {low}, got {value}")
+    if not args.minutes > 0:
+        raise ValueError(f"--minutes must be > 0, got {args.minutes}")
+    if not 0 < args.learning_rate < 1:
+        raise ValueError(f"--learning-rate must be in (0, 1), got {args.learning_rate}")
+
+
+def options_from_args(args: argparse.Namespace, default_work: Path) -> DistillOptions:
+    """Validated options; ValueError names a bad flag."""
+    check_arguments(args)
+    train = TrainSettings(
+        draft_vocab=args.draft_vocab,
+        depth=args.depth,
+        learning_rate=args.learning_rate,
+        batch_sequences=args.batch_sequences,
+        max_minutes=args.minutes,
+        max_tokens=args.train_tokens,
+        seed=args.distill_seed,
+    )
+    return DistillOptions(
+        work=args.work or default_work,
+        output=args.out,
+        prompts=args.prompts,
+        data_tokens=args.data_tokens,
+        max_new_tokens=args.answer_tokens,
+        writer_dtype=args.writer_dtype,
+        seed=args.distill_seed,
+        train=train,
+        data=args.data,
+        data_only=args.data_only,
+    )

@@ -1,0 +1,223 @@
+"""Prompts the target writes itself, for its draft head's training data.
+
+The "Magpie" recipe (Xu et al. 2024, arXiv 2406.08464): the chat template is
+rendered up to the start of a user turn, optionally followed by an opening word
+("Explain", "Translate into French:", ...), and the target samples the rest of
+the user's message. No prompt set is read, so nothing used to measure speed
+(Spec-Bench, `benchmarks/dev_prompts.jsonl`, the tests' prompts) can leak into
+training.
+
+This module never prints: progress goes through a callback. It knows nothing
+of answers, features or training.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from specrepl.train.data import DataProgress, ProgressCallback, batched_generate
+
+__all__ = ["OPENERS", "PROMPT_SOURCE", "make_prompts", "read_prompts", "write_prompt_batch"]
+
+PROMPT_SOURCE = (
+    "written by the target itself (Magpie-style: the chat template up to a user turn, an opener"
+    " from specrepl.train.prompts.OPENERS, sampled at temperature 0.9, top-p 0.95)"
+)
+"""How the prompts are made, as data records it."""
+
+# Opening words that steer the self-written prompts towards the kinds of
+# request people send a chat model. "" leaves the message to the model.
+OPENERS: tuple[str, ...] = (
+    "",
+    "",
+    "",
+    "",
+    "",
+    "",
+    "Write",
+    "Write a short story",
+    "Write a poem",
+    "Write an email",
+    "Write a letter",
+    "Explain",
+    "Explain how",
+    "Explain why",
+    "Describe",
+    "What is",
+    "What are",
+    "How do",
+    "How can I",
+    "Why",
+    "Who was",
+    "When did",
+    "Where",
+    "Can you",
+    "Could you help me",
+    "I need",
+    "Please",
+    "Summarize",
+    "Summarize the following text:",
+    "Translate",
+    "Translate into French:",
+    "Translate into German:",
+    "Translate into Spanish:",
+    "List",
+    "Give me",
+    "Suggest",
+    "Compare",
+    "What is the difference between",
+    "Solve",
+    "Calculate",
+    "If a",
+    "A train",
+    "John has",
+    "Write a Python function",
+    "Write a function",
+    "How do I write code",
+    "Fix this code:",
+    "What does this code do?",
+    "Extract",
+    "From the following text,",
+    "Classify",
+    "Rewrite",
+    "Edit",
+    "Imagine you are",
+    "Pretend to be",
+    "You are a",
+    "Act as",
+    "Tell me about",
+    "What happened",
+    "Is it true that",
+    "Should I",
+    "Create a plan",
+    "Give me tips",
+    "What are the benefits of",
+)
+
+
+def _user_turn_prefix(tokenizer: PreTrainedTokenizerBase, system: str | None) -> tuple[str, str]:
+    """The chat template rendered up to where a user's message starts, and
+    what follows a message (to find where the model's message ends)."""
+    marker = "\u2063USER\u2063"
+    messages = [{"role": "user", "content": marker}]
+    if system:
+        messages.insert(0, {"role": "system", "content": system})
+    text = tokenizer.apply_chat_template(messages, tokenize=False)
+    prefix, suffix = text.split(marker, 1)
+    return prefix, suffix
+
+
+def write_prompt_batch(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    *,
+    rng: random.Random,
+    generator: torch.Generator,
+    seen: set[str],
+    end_tokens: Sequence[int],
+    batch_size: int = 32,
+    max_tokens: int = 96,
+    temperature: float = 0.9,
+    top_p: float = 0.95,
+) -> list[str]:
+    """One batch of user messages the target writes itself (each started with
+    an opener drawn by `rng`): those that ended within `max_tokens`, hold no
+    control token, have three words or more and are not in `seen` (which
+    grows by them)."""
+    prefix, _ = _user_turn_prefix(tokenizer, None)
+    pad_id = (
+        tokenizer.pad_token_id if tokenizer.pad_token_id is not None else next(iter(end_tokens))
+    )
+    ends = set(end_tokens)
+    special = set(tokenizer.all_special_ids) | ends
+    openers = [rng.choice(OPENERS) for _ in range(batch_size)]
+    batch = [tokenizer.encode(prefix + opener, add_special_tokens=False) for opener in openers]
+    generated = batched_generate(
+        model,
+        batch,
+        max_new_tokens=max_tokens,
+        end_tokens=end_tokens,
+        pad_id=pad_id,
+        temperature=temperature,
+        top_p=top_p,
+        generator=generator,
+        keep_features=False,
+    )
+    fresh: list[str] = []
+    for opener, sequence, start in zip(
+        openers, generated.ids, generated.prompt_lengths, strict=True
+    ):
+        tail = sequence[start:].tolist()
+        if not tail or tail[-1] not in ends:
+            continue  # ran out of tokens before the message ended
+        if any(token in special for token in tail[:-1]):
+            continue  # a control token inside the message: not plain text
+        text = (opener + tokenizer.decode(tail[:-1])).strip()
+        if len(text.split()) < 3 or text in seen or "<|" in text:
+            continue
+        seen.add(text)
+        fresh.append(text)
+    return fresh
+
+
+def make_prompts(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    count: int,
+    path: Path,
+    *,
+    seed: int = 0,
+    batch_size: int = 32,
+    max_tokens: int = 96,
+    temperature: float = 0.9,
+    top_p: float = 0.95,
+    end_tokens: Sequence[int],
+    progress: ProgressCallback | None = None,
+) -> list[str]:
+    """Have the target write `count` distinct user messages; appends to
+    `path` (JSON lines) and resumes from what it already holds."""
+    prompts = read_prompts(path)
+    seen = set(prompts)
+    rng = random.Random(seed + len(prompts))
+    generator = torch.Generator().manual_seed(seed + len(prompts))
+    while len(prompts) < count:
+        fresh = write_prompt_batch(
+            model,
+            tokenizer,
+            rng=rng,
+            generator=generator,
+            seen=seen,
+            end_tokens=end_tokens,
+            batch_size=batch_size,
+            max_tokens=max_tokens,
+            temperature=temperature,
+            top_p=top_p,
+        )
+        fresh = fresh[: count - len(prompts)]
+        with path.open("a", encoding="utf-8") as handle:
+            for text in fresh:
+                handle.write(json.dumps({"prompt": text}, ensure_ascii=False) + "\n")
+        prompts.extend(fresh)
+        if progress is not None:
+            progress(DataProgress("prompts", len(prompts), count))
+    return prompts[:count]
+
+
+def read_prompts(path: Path) -> list[str]:
+    """The prompts in a JSON-lines file (`{"prompt": ...}` a line); [] if absent.
+    A last line cut short by an interruption is ignored."""
+    if not path.exists():
+        return []
+    prompts = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            prompts.append(json.loads(line)["prompt"])
+        except (json.JSONDecodeError, KeyError, TypeError):
+            continue
+    return prompts
