@@ -10,8 +10,9 @@ it stopped.
 
 With `--data DIR` the answers are token ids in compact shards that can live
 in a repository (`shards.py`), appended by `accumulate.accumulate_answers`,
-and training recomputes the target's features from them; `--data-only` makes
-the data and stops.
+and training recomputes the target's features from them, resuming from the
+compact checkpoint kept with them (`checkpoint.py`, `--checkpoint`);
+`--data-only` makes the data and stops.
 
 This module runs the subcommand (`run(args, front)`; its flags are declared in
 `options.py` and re-exported here for the command line): the target comes
@@ -42,6 +43,7 @@ from specrepl.models.pair import ModelPair
 from specrepl.models.prompting import chat_prompt_ids
 from specrepl.store.paths import distill_root
 from specrepl.train.accumulate import AnswerRecipe, accumulate_answers
+from specrepl.train.checkpoint import CheckpointRefused
 from specrepl.train.data import DataProgress, load_shards, make_answers
 from specrepl.train.options import (
     DistillOptions,
@@ -64,6 +66,7 @@ __all__ = [
     "open_data",
     "options_from_args",
     "run",
+    "training_records",
     "write_data",
 ]
 
@@ -193,6 +196,22 @@ def _cache_data(
     return list(load_shards(options.work)), made
 
 
+def training_records(
+    data: TokenData, on_damaged: Callable[[str], None] | None = None
+) -> list[dict[str, Any]]:
+    """The records of a data directory as training reads them: ids (int64),
+    the prompt's length, and the record's place (shard number, index)."""
+    return [
+        {
+            "ids": torch.from_numpy(record.ids.astype(np.int64)),
+            "prompt_length": record.prompt_length,
+            "shard": shard,
+            "index": index,
+        }
+        for shard, index, record in data.numbered_records(on_damaged)
+    ]
+
+
 def _directory_data(
     pair: ModelPair,
     options: DistillOptions,
@@ -202,13 +221,7 @@ def _directory_data(
     """Answers appended to the data directory, read back as records of ids
     (their features are computed in training), and how they were made."""
     data = write_data(pair, options, on_data=on_data, on_message=say)
-    records = [
-        {
-            "ids": torch.from_numpy(record.ids.astype(np.int64)),
-            "prompt_length": record.prompt_length,
-        }
-        for record in data.records(say)
-    ]
+    records = training_records(data, say)
     recipes = [shard.recipe for shard in data.shards]
     dtypes = sorted({str(recipe.get("writer_dtype")) for recipe in recipes})
     summary = data.summary()
@@ -252,6 +265,7 @@ def distill(
         vocab_size=pair.vocab_size,
         progress=on_train,
         on_message=say,
+        checkpoint_directory=options.checkpoint if options.data is not None else None,
     )
     description = {
         "target": {
@@ -325,7 +339,8 @@ def run(args: argparse.Namespace, front: DistillFront) -> int:
     under progress bars, and what was written.
 
     Exit status: 0; 1 (the target cannot be loaded); 2 (a bad flag or config,
-    a --data directory that holds another target's data or does not read);
+    a --data directory that holds another target's data or does not read, a
+    checkpoint made for another target or head shape);
     130 (Ctrl-C: the last checkpoint and every whole shard are kept, the same
     command resumes).
     """
@@ -345,8 +360,8 @@ def run(args: argparse.Namespace, front: DistillFront) -> int:
         view.note(f"distill: data directory {options.data} (rerun the same command to resume)")
     elif options.data is not None:
         view.note(
-            f"distill: data directory {options.data}, checkpoints in {options.work}"
-            " (rerun the same command to resume)"
+            f"distill: data directory {options.data}, checkpoint in {options.checkpoint}"
+            " (rerun the same command, here or elsewhere, to resume)"
         )
     else:
         view.note(f"distill: work directory {options.work} (rerun the same command to resume)")
@@ -359,7 +374,7 @@ def run(args: argparse.Namespace, front: DistillFront) -> int:
                 description = distill(
                     pair, options, on_data=on_data, on_train=on_train, on_message=view.note
                 )
-    except DataRefused as error:
+    except (DataRefused, CheckpointRefused) as error:
         view.fatal(f"distill: {error}")
         return EXIT_USAGE
     except KeyboardInterrupt:

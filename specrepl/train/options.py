@@ -35,6 +35,8 @@ class DistillOptions:
     train: TrainSettings = field(default_factory=TrainSettings)
     data: Path | None = None
     data_only: bool = False
+    checkpoint: Path | None = None
+    """With `data`: the committed training checkpoint's directory (DIR/checkpoint)."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -49,7 +51,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=Path,
         default=None,
         metavar="DIR",
-        help="data and checkpoints, checkpoints only with --data (default: "
+        help="data and checkpoints when there is no --data (default: "
         "<cache>/distill/<target fingerprint>)",
     )
     parser.add_argument(
@@ -72,6 +74,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--data-only",
         action="store_true",
         help="with --data: add answers until DIR holds --data-tokens answer tokens, then stop",
+    )
+    parser.add_argument(
+        "--checkpoint",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="with --data: the compact training checkpoint, to commit with the data "
+        "(default: checkpoint/ inside the --data directory)",
     )
     parser.add_argument(
         "--prompts",
@@ -153,6 +163,8 @@ def check_arguments(args: argparse.Namespace) -> None:
     """ValueError naming a bad flag (checked before the target is loaded)."""
     if args.data_only and args.data is None:
         raise ValueError("--data-only needs --data DIR")
+    if args.checkpoint is not None and args.data is None:
+        raise ValueError("--checkpoint needs --data DIR (without it, checkpoints go to --work)")
     if args.out is None and not args.data_only:
         raise ValueError("--out DIR is needed (where the head is written), unless --data-only")
     checks = (
@@ -195,4 +207,5 @@ def options_from_args(args: argparse.Namespace, default_work: Path) -> DistillOp
         train=train,
         data=args.data,
         data_only=args.data_only,
+        checkpoint=args.checkpoint or (args.data / "checkpoint" if args.data else None),
     )

@@ -107,6 +107,11 @@ class ShardInfo:
     made_by: str
     recipe: dict[str, Any] = field(default_factory=dict)
 
+    @property
+    def number(self) -> int:
+        """The shard's number, from its file name (`shard-00003.npz` is 3)."""
+        return int(self.file.removeprefix("shard-").removesuffix(".npz"))
+
     @classmethod
     def from_dict(cls, entry: dict[str, Any]) -> ShardInfo:
         return cls(
@@ -230,7 +235,7 @@ class TokenData:
 
     def next_file(self) -> str:
         """The name of the shard to append: after the last one listed."""
-        numbers = [int(s.file.removeprefix("shard-").removesuffix(".npz")) for s in self.shards]
+        numbers = [shard.number for shard in self.shards]
         return f"shard-{max(numbers, default=-1) + 1:05d}.npz"
 
     def append(
@@ -305,6 +310,15 @@ class TokenData:
     def records(self, on_damaged: Callable[[str], None] | None = None) -> Iterator[TokenRecord]:
         """Every record of every listed shard, in order; a damaged shard is
         skipped with one line to `on_damaged`."""
+        for _, _, record in self.numbered_records(on_damaged):
+            yield record
+
+    def numbered_records(
+        self, on_damaged: Callable[[str], None] | None = None
+    ) -> Iterator[tuple[int, int, TokenRecord]]:
+        """(shard number, index in the shard, record) for every record of
+        every listed shard, in order: a place that appending never changes. A
+        damaged shard is skipped with one line to `on_damaged`."""
         for shard in self.shards:
             try:
                 records = self.read_shard(shard)
@@ -315,7 +329,8 @@ class TokenData:
                         " skipped"
                     )
                 continue
-            yield from records
+            for index, record in enumerate(records):
+                yield shard.number, index, record
 
     def summary(self) -> DataSummary:
         """Totals from the manifest, and the bytes of the listed shards on disk."""

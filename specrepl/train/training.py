@@ -12,10 +12,16 @@ feeds the head its own guesses, so training unrolls it the same way
 (`DraftHead.unrolled`, the "training-time test" of EAGLE-3, arXiv 2503.01840):
 pass j is scored on what draft position j would see, with weight `decay`^(j-1).
 
-Training is resumable: a checkpoint (head, optimizer, progress, random state)
-is written atomically every `checkpoint_seconds`, and a rerun with the same
-settings continues from it. The learning rate follows the share of the time or
-token budget used, so a resumed run follows the same schedule.
+Training is resumable: a checkpoint is written atomically every
+`checkpoint_seconds`, on Ctrl-C or SIGTERM and at the end. In the work
+directory it holds head, optimizer and progress, and a rerun with the same
+settings continues from it. With data kept in a directory (`--data`) it is the
+compact checkpoint of `checkpoint.py`, committed with the data: the held-back
+records are fixed by the data's layout (`split_by_layout`) and the draft
+vocabulary by the first run (kept in the checkpoint), so data appended since
+is simply used; the optimizer restarts (a warm restart). The learning rate
+follows the share of the time or token budget used, so a resumed run follows
+the same schedule.
 
 This module never prints: progress goes through a callback.
 """
@@ -35,10 +41,17 @@ import torch
 import torch.nn.functional as F
 from transformers import PreTrainedModel
 
-from specrepl.engine.drafters.draft_head import DraftHead
+from specrepl.engine.drafters.draft_head import DraftHead, HeadConfig
+from specrepl.engine.drafters.head_store import target_fingerprint
 from specrepl.engine.signals import Terminated
-from specrepl.store.atomic import unreadable, write_atomically
 from specrepl.store.paths import DISTILL_CHECKPOINT_FILE
+from specrepl.train.checkpoint import (
+    CacheCheckpoint,
+    CommittedCheckpoint,
+    Position,
+    SavedHead,
+    read_checkpoint,
+)
 from specrepl.train.features import FEATURE_BUDGET_BYTES, FeatureSource
 
 __all__ = [
@@ -47,10 +60,13 @@ __all__ = [
     "TrainState",
     "choose_draft_vocabulary",
     "evaluate_head",
+    "held_back_every",
+    "split_by_layout",
     "train_head",
 ]
 
 LABEL_TOP = 8  # the target's law is kept as its 8 likeliest tokens (renormalized)
+RESTART_STEPS = 50  # after a committed checkpoint, the rate ramps up again over 50 steps
 
 
 @dataclass(frozen=True)
@@ -222,24 +238,31 @@ def _learning_rate(settings: TrainSettings, used: float) -> float:
     return settings.learning_rate * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
-def _read_checkpoint(path: Path, on_message: Callable[[str], None] | None) -> dict[str, Any] | None:
-    """The saved training state, or None (with one line) when the file is damaged:
-    training then starts from the beginning and overwrites it."""
-    try:
-        saved = torch.load(path, weights_only=True, map_location="cpu")
-        keys = {"head", "optimizer", "settings", "token_ids", "seconds", "tokens", "steps"}
-        if isinstance(saved, dict) and keys <= saved.keys():
-            return saved
-        problem = "not a training checkpoint"
-    except Exception as error:
-        problem = unreadable(error)
-    if on_message is not None:
-        on_message(f"the training checkpoint {path} is damaged ({problem}): training starts over")
-    return None
+def held_back_every(holdout: float) -> int:
+    """With `--data`, one record in this many is held back (33 for 3%)."""
+    return max(2, round(1.0 / holdout)) if holdout > 0 else 0
 
 
-def _save_checkpoint(path: Path, payload: dict[str, Any]) -> None:
-    write_atomically(path, lambda file: torch.save(payload, file))
+def split_by_layout(records: Sequence[dict], holdout: float) -> tuple[list[dict], list[dict]]:
+    """(held back, training) fixed by the data's layout: record `index` of its
+    shard is held back when `index % held_back_every(holdout) == 0`. Appending
+    shards adds records to both sides and never moves one across."""
+    every = held_back_every(holdout)
+    held: list[dict] = []
+    training: list[dict] = []
+    for record in records:
+        if "index" not in record:
+            raise ValueError("a record without its index in a shard cannot be split by layout")
+        (held if every and int(record["index"]) % every == 0 else training).append(record)
+    return held, training
+
+
+def _drawn_split(records: Sequence[dict], settings: TrainSettings) -> tuple[list, list]:
+    """(held back, training): a share `holdout` drawn with the seed (the work directory)."""
+    indices = list(range(len(records)))
+    random.Random(settings.seed).shuffle(indices)
+    held = max(1, int(len(records) * settings.holdout))
+    return [records[i] for i in indices[:held]], [records[i] for i in indices[held:]]
 
 
 def train_head(
@@ -254,101 +277,149 @@ def train_head(
     evaluate_every: int = 200,
     on_message: Callable[[str], None] | None = None,
     feature_budget: int = FEATURE_BUDGET_BYTES,
+    checkpoint_directory: Path | None = None,
 ) -> TrainState:
-    """Train a head for `target` on `records`, resuming from a checkpoint in
-    `work_directory` made with the same settings. Stops at the time or token
-    budget; Ctrl-C or SIGTERM stops after writing a checkpoint (and is re-raised).
+    """Train a head for `target` on `records`, resuming from a checkpoint.
+    Stops at the time or token budget; Ctrl-C or SIGTERM stops after writing a
+    checkpoint (and is re-raised).
+
+    Without `checkpoint_directory`: a share `holdout` of the records, drawn,
+    is held back, and the checkpoint in `work_directory` is resumed when the
+    settings and draft vocabulary are the same. With it (data kept in a
+    directory; each record carries its "index" in its shard): the held-back
+    records are fixed by `split_by_layout`, and the compact checkpoint there
+    (`checkpoint.py`) is resumed with its own draft vocabulary, whatever was
+    added to the data; CheckpointRefused for one made for another target or
+    head shape.
 
     A record without "features" (ids only) gets the target's, computed when it
     is first used (`features.FeatureSource`, counted in the training time) and
     kept while they fit `feature_budget` bytes."""
-    work_directory.mkdir(parents=True, exist_ok=True)
-    checkpoint_path = work_directory / DISTILL_CHECKPOINT_FILE
-    rng = random.Random(settings.seed)
     torch.manual_seed(settings.seed)
-    indices = list(range(len(records)))
-    rng.shuffle(indices)
-    held = max(1, int(len(records) * settings.holdout))
     features = FeatureSource(target, budget_bytes=feature_budget)
-    held_back = features.with_features([records[i] for i in indices[:held]])
-    training = [records[i] for i in indices[held:]]
-    token_ids = choose_draft_vocabulary(training, settings.draft_vocab, end_tokens, vocab_size)
+    saved: SavedHead | None = None
+    if checkpoint_directory is None:
+        held, training = _drawn_split(records, settings)
+    else:
+        held, training = split_by_layout(records, settings.holdout)
+        fingerprint = target_fingerprint(target)
+        config = HeadConfig.for_target(target, settings.draft_vocab)
+        saved = read_checkpoint(
+            checkpoint_directory, fingerprint=fingerprint, config=config, on_message=on_message
+        )
+    held_back = features.with_features(held)
+    token_ids = (
+        saved.token_ids
+        if saved is not None
+        else choose_draft_vocabulary(training, settings.draft_vocab, end_tokens, vocab_size)
+    )
     head = DraftHead.for_target(target, token_ids, copy_last_layer=settings.copy_last_layer).float()
     head.train()
     optimizer = torch.optim.AdamW(head.parameters(), lr=settings.learning_rate, weight_decay=0.0)
-    seconds, tokens, steps, epoch, done_in_epoch, resumed = 0.0, 0, 0, 0, 0, False
-    saved = _read_checkpoint(checkpoint_path, on_message) if checkpoint_path.exists() else None
-    if saved is not None:
-        same_vocabulary = torch.equal(saved["token_ids"].cpu(), token_ids.cpu())
-        if saved.get("settings") == settings.as_dict() and same_vocabulary:
-            head.load_state_dict(saved["head"])
-            optimizer.load_state_dict(saved["optimizer"])
-            seconds, tokens, steps = saved["seconds"], saved["tokens"], saved["steps"]
-            epoch, done_in_epoch = saved["epoch"], saved["done_in_epoch"]
-            resumed = True
+    store: CacheCheckpoint | CommittedCheckpoint
+    if checkpoint_directory is None:
+        work_directory.mkdir(parents=True, exist_ok=True)
+        store = CacheCheckpoint(work_directory / DISTILL_CHECKPOINT_FILE, settings.as_dict())
+    else:
+        name = getattr(target.config, "name_or_path", "") or type(target).__name__
+        about = {"name": name, "fingerprint": fingerprint, "vocab_size": vocab_size}
+        records_kept = {
+            "training_records": len(training),
+            "held_back_records": len(held),
+            "held_back_every": held_back_every(settings.holdout),
+        }
+        store = CommittedCheckpoint(
+            checkpoint_directory, saved, about, settings.as_dict(), records_kept
+        )
+    resumed_at = store.resume(head, optimizer, on_message)
+    # a committed checkpoint has no optimizer state: ramp the rate up again after it
+    restart_steps = RESTART_STEPS if resumed_at is not None and saved is not None else 0
+    position = resumed_at or Position()
+    state = _train(
+        head,
+        optimizer,
+        training,
+        held_back,
+        features,
+        settings,
+        position,
+        store,
+        progress,
+        evaluate_every,
+        restart_steps,
+    )
+    state.resumed = resumed_at is not None
+    return state
+
+
+def _train(
+    head: DraftHead,
+    optimizer: torch.optim.Optimizer,
+    training: Sequence[dict],
+    held_back: Sequence[dict],
+    features: FeatureSource,
+    settings: TrainSettings,
+    at: Position,
+    store: CacheCheckpoint | CommittedCheckpoint,
+    progress: Callable[[TrainProgress], None] | None,
+    evaluate_every: int,
+    restart_steps: int,
+) -> TrainState:
+    """The loop: steps until the budget is used, checkpoints on the way and at the end."""
     budget = settings.max_minutes * 60.0
     dtype = torch.float32
+    first_step = at.steps
 
     def used() -> float:
-        share = seconds / budget if budget > 0 else 0.0
+        share = at.seconds / budget if budget > 0 else 0.0
         if settings.max_tokens:
-            share = max(share, tokens / settings.max_tokens)
+            share = max(share, at.tokens / settings.max_tokens)
         return share
 
-    def checkpoint() -> None:
-        _save_checkpoint(
-            checkpoint_path,
-            {
-                "settings": settings.as_dict(),
-                "token_ids": token_ids,
-                "head": head.state_dict(),
-                "optimizer": optimizer.state_dict(),
-                "seconds": seconds,
-                "tokens": tokens,
-                "steps": steps,
-                "epoch": epoch,
-                "done_in_epoch": done_in_epoch,
-            },
-        )
+    def rate() -> float:
+        ramp = min(1.0, (at.steps - first_step + 1) / restart_steps) if restart_steps else 1.0
+        return _learning_rate(settings, used()) * ramp
 
     last_checkpoint = time.perf_counter()
     agreement: tuple[float, ...] = ()
     try:
-        while used() < 1.0:
-            groups = _batches(training, settings.batch_sequences, settings.seed, epoch)
-            for group in groups[done_in_epoch:]:
+        while used() < 1.0 and training:
+            groups = _batches(training, settings.batch_sequences, settings.seed, at.epoch)
+            for group in groups[at.done_in_epoch :]:
                 if used() >= 1.0:
                     break
                 began = time.perf_counter()
                 chosen = features.with_features([training[i] for i in group])
                 batch = _batch(chosen, dtype, head.token_ids.device)
                 for parameters in optimizer.param_groups:
-                    parameters["lr"] = _learning_rate(settings, used())
+                    parameters["lr"] = rate()
                 loss, _ = _losses(head, batch, settings)
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
                 optimizer.step()
-                seconds += time.perf_counter() - began
-                tokens += int(batch["mask"].sum())
-                steps += 1
-                done_in_epoch += 1
+                at.seconds += time.perf_counter() - began
+                at.tokens += int(batch["mask"].sum())
+                at.steps += 1
+                at.done_in_epoch += 1
                 measured = None
-                if steps % evaluate_every == 0:
+                if at.steps % evaluate_every == 0:
                     measured = agreement = evaluate_head(head, held_back, settings, dtype)
                 if progress is not None:
                     shown = float(loss.detach())
-                    progress(TrainProgress(seconds, budget, tokens, steps, shown, measured))
+                    progress(
+                        TrainProgress(at.seconds, budget, at.tokens, at.steps, shown, measured)
+                    )
                 if time.perf_counter() - last_checkpoint >= settings.checkpoint_seconds:
-                    checkpoint()
+                    store.save(head, optimizer, at, agreement)
                     last_checkpoint = time.perf_counter()
             else:
-                epoch, done_in_epoch = epoch + 1, 0
+                at.epoch, at.done_in_epoch = at.epoch + 1, 0
     except (KeyboardInterrupt, Terminated):
-        checkpoint()
+        store.save(head, optimizer, at, agreement)
         raise
-    checkpoint()
     agreement = evaluate_head(head, held_back, settings, dtype)
+    store.save(head, optimizer, at, agreement)
     if progress is not None:
-        progress(TrainProgress(seconds, budget, tokens, steps, math.nan, agreement))
-    return TrainState(head.eval(), seconds, tokens, steps, agreement, resumed)
+        progress(TrainProgress(at.seconds, budget, at.tokens, at.steps, math.nan, agreement))
+    return TrainState(head.eval(), at.seconds, at.tokens, at.steps, agreement, False)
