@@ -86,11 +86,11 @@ class DistillLines:
         if report.agreement is None and share - self.last_share < LINE_EVERY:
             return
         self.last_share = share
+        loss = "" if report.loss != report.loss else f", loss {report.loss:.3f}"  # NaN: none yet
         self.console.print(
             Text(
-                f"  training: {report.seconds / 60:.1f}/{report.budget_seconds / 60:.0f} min,"
-                f" {report.tokens} tokens, loss {report.loss:.3f}"
-                f" {agreement_text(report.agreement)}",
+                f"  training: {report.seconds / 60:.1f}/{report.budget_seconds / 60:.3g} min,"
+                f" {report.tokens} tokens{loss} {agreement_text(report.agreement)}",
                 style="dim",
             )
         )
