@@ -123,10 +123,11 @@ def tiny_head(
     seconds: float = 2.0,
     seed: int = 0,
     end_token: int = 3,
+    fused_layers: tuple[int, ...] = (),
 ) -> Any:
     """A draft head for a tiny target, trained for `seconds` on the target's own
     greedy continuations of random prompts, through the same data and training
-    code as `python infer.py distill`."""
+    code as `python infer.py distill` (`fused_layers`: EAGLE-3's fused features)."""
     import tempfile
     from pathlib import Path
 
@@ -144,7 +145,7 @@ def tiny_head(
     generated = batched_generate(
         target, prompts, max_new_tokens=24, end_tokens=[end_token], pad_id=0, keep_features=False
     )
-    features = target_features(target, generated.ids, pad_id=0)
+    features = target_features(target, generated.ids, pad_id=0, feature_layers=fused_layers)
     records = [
         {"ids": ids, "features": feats, "prompt_length": length}
         for ids, feats, length in zip(
@@ -159,6 +160,7 @@ def tiny_head(
         max_minutes=seconds / 60,
         seed=seed,
         checkpoint_seconds=1e9,
+        fused_layers=fused_layers,
     )
     with tempfile.TemporaryDirectory() as work:
         state = train_head(

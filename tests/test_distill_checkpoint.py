@@ -56,9 +56,10 @@ def new_data(directory: Path) -> TokenData:
     return TokenData.open(directory, name="tiny", fingerprint="0" * 16, vocab_size=VOCAB)
 
 
-def settings(tokens: int, draft_vocab: int = 12) -> TrainSettings:
+def settings(tokens: int, draft_vocab: int = 12, fused_layers=()) -> TrainSettings:
     return TrainSettings(
         draft_vocab=draft_vocab,
+        fused_layers=fused_layers,
         batch_sequences=8,
         max_minutes=10.0,
         max_tokens=tokens,
@@ -145,6 +146,18 @@ def test_another_targets_or_vocabulary_sizes_checkpoint_is_refused(target, tmp_p
         train(tiny_llama(VOCAB, seed=1), data, checkpoint, tokens=100)
     with pytest.raises(CheckpointRefused, match="draft vocabulary of 12 tokens, not 16"):
         train(target, data, checkpoint, tokens=100, draft_vocab=16)
+    with pytest.raises(CheckpointRefused, match="another shape"):
+        train(target, data, checkpoint, tokens=100, fused_layers=(1,))
+
+
+def test_a_fused_head_resumes_from_its_checkpoint(target, tmp_path: Path) -> None:
+    data = new_data(tmp_path / "data")
+    append_shard(data, 0, (4, 20))
+    checkpoint = tmp_path / "data" / "checkpoint"
+    first = train(target, data, checkpoint, tokens=300, fused_layers=(1,))
+    assert first.head.config.fused_layers == (1,)
+    more = train(target, data, checkpoint, tokens=600, fused_layers=(1,))
+    assert more.resumed and more.steps > first.steps
 
 
 def test_the_checkpoint_is_about_two_bytes_a_parameter(target, tmp_path: Path) -> None:

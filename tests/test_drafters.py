@@ -44,9 +44,19 @@ def trained_head(target):
     return tiny_head(target, draft_vocab=24, seconds=2.0)
 
 
+@functools.cache
+def trained_fused_head(target):
+    """A head that reads the target's layer 1 besides its final hidden state (EAGLE-3)."""
+    return tiny_head(target, draft_vocab=24, seconds=2.0, fused_layers=(1,))
+
+
 def make_drafter(kind: str, target, use_cache: bool):
     if kind == "head":
         return HeadDrafter(trained_head(target))
+    if kind == "head-fused":
+        return HeadDrafter(trained_fused_head(target))
+    if kind == "hybrid-head-fused":
+        return HybridDrafter(HeadDrafter(trained_fused_head(target)), LookupDrafter(3), min_match=1)
     if kind == "hybrid-head":
         return HybridDrafter(HeadDrafter(trained_head(target)), LookupDrafter(3), min_match=1)
     if kind == "model":
@@ -86,6 +96,8 @@ def make_drafter(kind: str, target, use_cache: bool):
         "hybrid",
         "head",
         "hybrid-head",
+        "head-fused",
+        "hybrid-head-fused",
     ],
 )
 def test_greedy_equality_for_every_drafter_and_policy(target, references, kind, policy) -> None:

@@ -188,20 +188,30 @@ def head(target: torch.nn.Module) -> DraftHead:
     return DraftHead.for_target(target, torch.tensor([0, 1, 2, 4, 5, 7])).eval()
 
 
+@pytest.fixture(scope="module")
+def fused_head(target: torch.nn.Module) -> DraftHead:
+    """The same, reading the target's layer 1 besides its final hidden state (EAGLE-3)."""
+    torch.manual_seed(3)
+    return DraftHead.for_target(target, torch.tensor([0, 1, 2, 4, 5, 7]), fused_layers=(1,)).eval()
+
+
 HEADS = {
     "head": lambda head: HeadDrafter(head),
     "hybrid-head": lambda head: HybridDrafter(HeadDrafter(head), LookupDrafter(2), min_match=1),
 }
 
 
-@pytest.mark.parametrize("case", ["head-topk", "head-nocache", "hybrid-head"])
-def test_draft_head_sampling_is_lossless(target, head, case) -> None:
+@pytest.mark.parametrize(
+    "case", ["head-topk", "head-nocache", "hybrid-head", "fused-topk", "hybrid-fused"]
+)
+def test_draft_head_sampling_is_lossless(target, head, fused_head, case) -> None:
     processor = (
         TopKProcessor(temperature=0.8, top_k=4)
         if case != "head-nocache"
         else (MultinomialProcessor(1.0))
     )
-    drafter = HEADS["hybrid-head" if case == "hybrid-head" else "head"](head)
+    chosen = fused_head if case.endswith("fused") or case.startswith("fused") else head
+    drafter = HEADS["hybrid-head" if case.startswith("hybrid") else "head"](chosen)
     counts, acceptance = sample_counts(
         target, drafter, processor, gamma=2, use_cache=case != "head-nocache"
     )

@@ -65,11 +65,14 @@ def forward_pass(
     vocab_size: int,
     *,
     features: bool = False,
+    feature_layers: tuple[int, ...] = (),
     tuning: Tuning | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Logits of the last `keep` positions of `sequence`, shape (keep, vocab_size),
     and, when `features` is set, the model's final hidden states (the input of
     its output layer) at every position fed, shape (fed, hidden); else None.
+    With `feature_layers` the outputs of those decoder layers come first:
+    (fed, hidden x (len(feature_layers) + 1)).
 
     With a cache, only the tokens it does not hold yet are fed (positions come
     from the cache's length); without one the whole sequence is recomputed.
@@ -108,5 +111,16 @@ def forward_pass(
     logits = output.logits[0, -(keep + pad) : output.logits.shape[1] - pad, :vocab_size]
     if not features:
         return logits, None
-    hidden = output.hidden_states[-1][0]
+    hidden = selected_features(output.hidden_states, feature_layers)[0]
     return logits, hidden[: hidden.shape[0] - pad]
+
+
+def selected_features(
+    hidden_states: tuple[torch.Tensor, ...], feature_layers: tuple[int, ...]
+) -> torch.Tensor:
+    """The outputs of `feature_layers` (indices into `hidden_states`: 0 is the
+    embedding, i the output of decoder layer i) and the final hidden state,
+    side by side on the last axis."""
+    if not feature_layers:
+        return hidden_states[-1]
+    return torch.cat([hidden_states[i] for i in feature_layers] + [hidden_states[-1]], dim=-1)

@@ -178,6 +178,7 @@ def _score(
         k + 1,
         vocab_size,
         features=drafter is not None and drafter.uses_target_features,
+        feature_layers=() if drafter is None else drafter.feature_layers,
         tuning=target.tuning,
     )
     return _Scored(candidate, logits, features, fed_from)

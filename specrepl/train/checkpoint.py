@@ -124,6 +124,15 @@ def _load(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     return tensors, description
 
 
+def _stored_config(stored: Any) -> HeadConfig | None:
+    """The head shape a checkpoint's JSON names (fields added since take their
+    defaults), or None when it names none that this version can read."""
+    try:
+        return HeadConfig(**stored)
+    except TypeError:
+        return None
+
+
 def read_checkpoint(
     directory: Path,
     *,
@@ -167,7 +176,7 @@ def read_checkpoint(
             f" tokens, not {config.draft_vocab}: resume with --draft-vocab {token_ids.shape[0]}"
             " or give another --checkpoint directory"
         )
-    if description.get("config") != asdict(config):
+    if _stored_config(description.get("config")) != config:
         raise CheckpointRefused(
             f"the checkpoint in {directory} is for a head of another shape"
             f" ({description.get('config')}), not {asdict(config)}"

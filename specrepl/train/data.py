@@ -29,6 +29,7 @@ from pathlib import Path
 import torch
 from transformers import PreTrainedModel
 
+from specrepl.engine.forward import selected_features
 from specrepl.engine.kv_cache import growing_cache
 from specrepl.store.atomic import unreadable, write_atomically
 
@@ -246,10 +247,13 @@ def target_features(
     *,
     pad_id: int,
     batch_size: int = 8,
+    feature_layers: tuple[int, ...] = (),
 ) -> list[torch.Tensor]:
     """The model's final hidden state at every position of each sequence but
-    the last, as bfloat16 (L - 1, hidden) on the CPU. Sequences are batched by
-    length (right padding, masked) to waste little on padding."""
+    the last, as bfloat16 (L - 1, hidden) on the CPU; with `feature_layers`,
+    those decoder layers' outputs before it (L - 1, hidden x (layers + 1)), as
+    the engine gives them to a drafter (`forward.selected_features`). Sequences
+    are batched by length (right padding, masked) to waste little on padding."""
     device = next(model.parameters()).device
     order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]))
     result: list[torch.Tensor | None] = [None] * len(sequences)
@@ -267,7 +271,8 @@ def target_features(
             output_hidden_states=True,
             logits_to_keep=1,
         )
-        hidden = output.hidden_states[-1].to(torch.bfloat16).cpu()
+        hidden = selected_features(output.hidden_states, feature_layers)
+        hidden = hidden.to(torch.bfloat16).cpu()
         for slot, i in enumerate(rows):
             result[i] = hidden[slot, : len(sequences[i]) - 1].clone()
     return [features for features in result if features is not None]

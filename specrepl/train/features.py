@@ -36,8 +36,12 @@ class FeatureSource:
         *,
         budget_bytes: int = FEATURE_BUDGET_BYTES,
         pad_id: int = 0,
+        feature_layers: tuple[int, ...] = (),
     ) -> None:
         self.target = target
+        self.feature_layers = tuple(feature_layers)
+        hidden = int(target.config.get_text_config().hidden_size)
+        self.width = hidden * (len(self.feature_layers) + 1)
         self.budget_bytes = budget_bytes
         self.pad_id = pad_id  # right padding under a mask: any id gives the same features
         self.kept_bytes = 0
@@ -46,11 +50,18 @@ class FeatureSource:
     def with_features(self, records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         """`records` in order, each with its "features" (L - 1, hidden) in
         bfloat16: the record's own, kept ones, or computed now in one batched
-        pass. Computed features are kept in the record while the budget allows."""
-        missing = [record for record in records if "features" not in record]
+        pass. Computed features are kept in the record while the budget allows.
+        A record's own features of another width (captured while writing, the
+        final layer's only, for a head that fuses earlier layers) are replaced."""
+        missing = [record for record in records if not self._has_features(record)]
         if not missing:
             return list(records)
-        computed = target_features(self.target, [r["ids"] for r in missing], pad_id=self.pad_id)
+        computed = target_features(
+            self.target,
+            [r["ids"] for r in missing],
+            pad_id=self.pad_id,
+            feature_layers=self.feature_layers,
+        )
         self.computed += len(missing)
         fresh: dict[int, torch.Tensor] = {}
         for record, features in zip(missing, computed, strict=True):
@@ -61,6 +72,10 @@ class FeatureSource:
             else:
                 fresh[id(record)] = features
         return [
-            record if "features" in record else {**record, "features": fresh[id(record)]}
+            {**record, "features": fresh[id(record)]} if id(record) in fresh else record
             for record in records
         ]
+
+    def _has_features(self, record: dict[str, Any]) -> bool:
+        features = record.get("features")
+        return features is not None and int(features.shape[-1]) == self.width

@@ -141,6 +141,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help=f"draft positions unrolled in training (default {TRAIN.depth})",
     )
+    parser.add_argument(
+        "--fuse-layers",
+        type=_layer_list,
+        default=TRAIN.fused_layers,
+        metavar="I,J",
+        help="earlier decoder layers of the target whose outputs the head reads besides"
+        " the final hidden state (EAGLE-3's fused features), e.g. 2,15; 'none' for the"
+        " final one only (default)",
+    )
+    parser.add_argument(
+        "--head-layers",
+        type=int,
+        default=TRAIN.layers,
+        metavar="N",
+        help=f"decoder layers in the head (default {TRAIN.layers})",
+    )
     parser.add_argument("--learning-rate", type=float, default=TRAIN.learning_rate, metavar="X")
     parser.add_argument(
         "--batch-sequences",
@@ -159,6 +175,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _layer_list(text: str) -> tuple[int, ...]:
+    """'2,15' as (2, 15); 'none' or '' as ()."""
+    if text.strip().lower() in ("", "none"):
+        return ()
+    try:
+        return tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"layers are numbers separated by commas (e.g. 2,15), got {text!r}"
+        ) from None
+
+
 def check_arguments(args: argparse.Namespace) -> None:
     """ValueError naming a bad flag (checked before the target is loaded)."""
     if args.data_only and args.data is None:
@@ -174,6 +202,7 @@ def check_arguments(args: argparse.Namespace) -> None:
         ("--draft-vocab", args.draft_vocab, 2),
         ("--depth", args.depth, 1),
         ("--batch-sequences", args.batch_sequences, 1),
+        ("--head-layers", args.head_layers, 1),
     )
     for flag, value, low in checks:
         if value < low:
@@ -195,6 +224,8 @@ def options_from_args(args: argparse.Namespace, default_work: Path) -> DistillOp
         max_minutes=args.minutes,
         max_tokens=args.train_tokens,
         seed=args.distill_seed,
+        layers=args.head_layers,
+        fused_layers=args.fuse_layers,
     )
     return DistillOptions(
         work=args.work or default_work,

@@ -85,9 +85,12 @@ class TrainSettings:
     seed: int = 0
     checkpoint_seconds: float = 120.0
     copy_last_layer: bool = False
+    layers: int = 1
+    fused_layers: tuple[int, ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The settings as JSON gives them back (tuples as lists)."""
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
 
 
 @dataclass(frozen=True)
@@ -134,15 +137,19 @@ def choose_draft_vocabulary(
 
 
 def _batch(
-    records: Sequence[dict], dtype: torch.dtype, device: torch.device | None = None
+    records: Sequence[dict],
+    hidden: int,
+    dtype: torch.dtype,
+    device: torch.device | None = None,
 ) -> dict[str, torch.Tensor]:
-    """Right-padded tensors for a list of records: features (b, n, h), the next
-    tokens (b, n), the label features f_{t+1} (b, n, h) and the loss mask (b, n).
+    """Right-padded tensors for a list of records: features (b, n, width: the
+    fused layers' and the final one's), the next tokens (b, n), the final
+    layer's f_{t+1} (b, n, hidden), the labels' source, and the loss mask (b, n).
     Position t reads (f_t, x_{t+1}) and is scored on x_{t+2}."""
     n = max(int(r["features"].shape[0]) - 1 for r in records)
-    hidden = int(records[0]["features"].shape[1])
+    width = int(records[0]["features"].shape[1])
     b = len(records)
-    features = torch.zeros(b, n, hidden, dtype=dtype)
+    features = torch.zeros(b, n, width, dtype=dtype)
     targets = torch.zeros(b, n, hidden, dtype=dtype)
     tokens = torch.zeros(b, n, dtype=torch.long)
     mask = torch.zeros(b, n, dtype=torch.bool)
@@ -150,7 +157,7 @@ def _batch(
         f = record["features"].to(dtype)
         length = f.shape[0] - 1
         features[row, :length] = f[:-1]
-        targets[row, :length] = f[1:]
+        targets[row, :length] = f[1:, -hidden:]  # the final layer's: the label's source
         tokens[row, :length] = record["ids"][1 : length + 1]
         # from the last prompt position on: what drafting after the prompt sees
         mask[row, max(0, record["prompt_length"] - 1) : length] = True
@@ -220,7 +227,10 @@ def evaluate_head(
     head.eval()
     for start in range(0, len(records), settings.batch_sequences):
         batch = _batch(
-            records[start : start + settings.batch_sequences], dtype, head.token_ids.device
+            records[start : start + settings.batch_sequences],
+            head.config.hidden_size,
+            dtype,
+            head.token_ids.device,
         )
         _, counts = _losses(head, batch, settings)
         for j, (h, n) in enumerate(counts):
@@ -296,14 +306,18 @@ def train_head(
     is first used (`features.FeatureSource`, counted in the training time) and
     kept while they fit `feature_budget` bytes."""
     torch.manual_seed(settings.seed)
-    features = FeatureSource(target, budget_bytes=feature_budget)
+    features = FeatureSource(
+        target, budget_bytes=feature_budget, feature_layers=settings.fused_layers
+    )
     saved: SavedHead | None = None
     if checkpoint_directory is None:
         held, training = _drawn_split(records, settings)
     else:
         held, training = split_by_layout(records, settings.holdout)
         fingerprint = target_fingerprint(target)
-        config = HeadConfig.for_target(target, settings.draft_vocab)
+        config = HeadConfig.for_target(
+            target, settings.draft_vocab, settings.layers, settings.fused_layers
+        )
         saved = read_checkpoint(
             checkpoint_directory, fingerprint=fingerprint, config=config, on_message=on_message
         )
@@ -313,7 +327,13 @@ def train_head(
         if saved is not None
         else choose_draft_vocabulary(training, settings.draft_vocab, end_tokens, vocab_size)
     )
-    head = DraftHead.for_target(target, token_ids, copy_last_layer=settings.copy_last_layer).float()
+    head = DraftHead.for_target(
+        target,
+        token_ids,
+        layers=settings.layers,
+        copy_last_layer=settings.copy_last_layer,
+        fused_layers=settings.fused_layers,
+    ).float()
     head.train()
     optimizer = torch.optim.AdamW(head.parameters(), lr=settings.learning_rate, weight_decay=0.0)
     store: CacheCheckpoint | CommittedCheckpoint
@@ -390,7 +410,7 @@ def _train(
                     break
                 began = time.perf_counter()
                 chosen = features.with_features([training[i] for i in group])
-                batch = _batch(chosen, dtype, head.token_ids.device)
+                batch = _batch(chosen, head.config.hidden_size, dtype, head.token_ids.device)
                 for parameters in optimizer.param_groups:
                     parameters["lr"] = rate()
                 loss, _ = _losses(head, batch, settings)

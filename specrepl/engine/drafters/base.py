@@ -57,7 +57,9 @@ class Drafter(ABC):
     `update` as `target_features` (they cost nothing to keep, but only a
     drafter that reads them gets them), and `uses_target_cache` to get the
     target's KV cache as `target_cache` (None when the target runs without
-    one). Both default to False.
+    one). Both default to False. `feature_layers` names earlier decoder layers
+    whose outputs come in `target_features` before the final hidden state
+    (EAGLE-3's fused features; default none).
 
     Three hooks have defaults that do nothing special: `forget()`, called
     when a generation is interrupted or fails (a drafter that keeps state from
@@ -75,6 +77,7 @@ class Drafter(ABC):
     name: str = "drafter"
     width: int | None = None
     uses_target_features: bool = False
+    feature_layers: tuple[int, ...] = ()
     uses_target_cache: bool = False
 
     @abstractmethod
@@ -110,8 +113,9 @@ class Drafter(ABC):
         `target_logits` (rows, vocab), when given, are the target's raw logits
         for the last `rows` tokens of `sequence`: row i is the target's view of
         the token at position len(sequence) - rows + i, given the tokens before it.
-        `target_features` (rows, hidden), given to a drafter that
-        `uses_target_features`, are the target's final hidden states at the
+        `target_features` (rows, hidden x (len(feature_layers) + 1)), given to
+        a drafter that `uses_target_features`, are the outputs of its
+        `feature_layers` and the target's final hidden states at the
         positions it computed this step that verification kept: row i is
         position valid_length - rows + i. `target_cache`, given to a drafter
         that `uses_target_cache`, holds the target's keys and values for the

@@ -37,6 +37,7 @@ __all__ = [
     "DraftHead",
     "HeadCache",
     "HeadConfig",
+    "check_fused_layers",
     "draft_seconds",
     "fastest_dtype",
     "head_parameters",
@@ -56,9 +57,24 @@ class HeadConfig:
     rope_theta: float
     draft_vocab: int
     layers: int = 1
+    fused_layers: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "fused_layers", tuple(int(i) for i in self.fused_layers))
+
+    @property
+    def feature_width(self) -> int:
+        """Width of the target features the head reads: the fused layers' and the final one."""
+        return self.hidden_size * (len(self.fused_layers) + 1)
 
     @classmethod
-    def for_target(cls, target: PreTrainedModel, draft_vocab: int, layers: int = 1) -> HeadConfig:
+    def for_target(
+        cls,
+        target: PreTrainedModel,
+        draft_vocab: int,
+        layers: int = 1,
+        fused_layers: tuple[int, ...] = (),
+    ) -> HeadConfig:
         config = target.config.get_text_config()
         heads = int(config.num_attention_heads)
         hidden = int(config.hidden_size)
@@ -74,7 +90,22 @@ class HeadConfig:
             rope_theta=float(theta),
             draft_vocab=draft_vocab,
             layers=layers,
+            fused_layers=check_fused_layers(fused_layers, int(config.num_hidden_layers)),
         )
+
+
+def check_fused_layers(fused_layers: tuple[int, ...], target_layers: int) -> tuple[int, ...]:
+    """`fused_layers` as given, if each is a decoder layer of the target other than
+    its last (whose normed output is always read), in increasing order; else ValueError."""
+    layers = tuple(int(i) for i in fused_layers)
+    if any(not 1 <= i < target_layers for i in layers):
+        raise ValueError(
+            f"fused layers {list(layers)}: each must be a decoder layer from 1 to"
+            f" {target_layers - 1} (layer {target_layers}, the last, is always read)"
+        )
+    if list(layers) != sorted(set(layers)):
+        raise ValueError(f"fused layers {list(layers)}: give each once, in increasing order")
+    return layers
 
 
 class RMSNorm(nn.Module):
@@ -215,12 +246,32 @@ class DraftHead(nn.Module):
         self.config = config
         hidden = config.hidden_size
         self.fc = nn.Linear(2 * hidden, hidden, bias=False)
+        if config.fused_layers:  # EAGLE-3: earlier layers' outputs, each normed, mixed in
+            count = len(config.fused_layers) + 1
+            self.feature_norms = nn.ModuleList(
+                RMSNorm(hidden, config.rms_norm_eps) for _ in config.fused_layers
+            )
+            self.fuse = nn.Linear(count * hidden, hidden, bias=False)
         self.layers = nn.ModuleList(HeadLayer(config) for _ in range(config.layers))
         self.norm = RMSNorm(hidden, config.rms_norm_eps)
         self.register_buffer("embedding", embedding.detach(), persistent=False)
         self.register_buffer("output_rows", output_rows.detach(), persistent=False)
         self.register_buffer("token_ids", token_ids.long(), persistent=False)
         self.rotary = Rotary(config.head_dim, config.rope_theta)
+
+    def fused(self, features: torch.Tensor) -> torch.Tensor:
+        """The target's features (…, feature_width) as the one feature (…, hidden) the
+        head reads: the final layer's alone, or all of them normed and mixed. The
+        head's own output is read as it is (it stands for the fused feature)."""
+        if not self.config.fused_layers:
+            return features
+        hidden = self.config.hidden_size
+        parts = [
+            norm(features[..., i * hidden : (i + 1) * hidden])
+            for i, norm in enumerate(self.feature_norms)
+        ]
+        parts.append(features[..., -hidden:])
+        return self.fuse(torch.cat(parts, dim=-1))
 
     @classmethod
     def for_target(
@@ -230,13 +281,14 @@ class DraftHead(nn.Module):
         *,
         layers: int = 1,
         copy_last_layer: bool = False,
+        fused_layers: tuple[int, ...] = (),
     ) -> DraftHead:
         """A new head for `target`: the linear layer starts by passing the feature
         on, the output norm is the target's; the decoder layer starts from
         PyTorch's default initialisation, or with `copy_last_layer` from the
         target's last layer (on the embedded target that learned slower: held-back
         agreement 0.37 against 0.43 after the same 3 minutes)."""
-        config = HeadConfig.for_target(target, int(token_ids.shape[0]), layers)
+        config = HeadConfig.for_target(target, int(token_ids.shape[0]), layers, fused_layers)
         embedding = target.get_input_embeddings().weight
         output = target.get_output_embeddings().weight
         device = embedding.device
@@ -248,6 +300,9 @@ class DraftHead(nn.Module):
             head.fc.weight[:, hidden:] += torch.eye(
                 hidden, device=device
             )  # start by passing the feature on
+            if config.fused_layers:  # the mix starts as the final feature plus a little
+                nn.init.normal_(head.fuse.weight, std=0.02)
+                head.fuse.weight[:, -hidden:] += torch.eye(hidden, device=device)
             last = _last_decoder_layer(target) if copy_last_layer else None
             if last is not None:
                 own = head.layers[0].state_dict()
@@ -300,6 +355,7 @@ class DraftHead(nn.Module):
         position t, pass j-1's guess of f_t and attends as drafting would at
         draft position j: to the target's features up to t-j+1 (pass 1) and to
         the guesses of passes 2..j at the positions between. Returns [h_1, ..., h_depth]."""
+        features = self.fused(features)
         batch, n, _ = features.shape
         positions = torch.arange(n, device=features.device).expand(batch, n)
         cos, sin = self.rotary(positions, features.dtype)
@@ -359,7 +415,9 @@ def draft_seconds(head: DraftHead, steps: int = 12, context: int = 128) -> float
     cache = HeadCache()
     positions = torch.arange(context, device=device)[None]
     tokens = head.token_ids[:1].expand(1, context)
-    head.step(torch.zeros(1, context, hidden, dtype=dtype, device=device), tokens, positions, cache)
+    width = head.config.feature_width
+    read = head.fused(torch.zeros(1, context, width, dtype=dtype, device=device))
+    head.step(read, tokens, positions, cache)
     feature = torch.zeros(1, 1, hidden, dtype=dtype, device=device)
     where = torch.tensor([[context]], device=device)
     times = []

@@ -37,6 +37,7 @@ class HeadDrafter(Drafter):
         self.name = name
         self.width = None
         self.uses_target_features = True
+        self.feature_layers = head.config.fused_layers
         self.keep_between_prompts = keep_between_prompts
         self.vocab_size = 0
         self.cache = HeadCache()
@@ -89,7 +90,7 @@ class HeadDrafter(Drafter):
             return Draft(sequence.new_empty(0), None)
         head = self.head
         device = head.token_ids.device
-        features = self.pending.to(device=device, dtype=head.output_rows.dtype)
+        features = head.fused(self.pending.to(device=device, dtype=head.output_rows.dtype))
         count = features.shape[0]
         tokens = sequence[self.real + 1 : self.real + 1 + count].to(device)
         positions = torch.arange(self.real, self.real + count, device=device)

@@ -20,7 +20,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from transformers import PreTrainedModel
 
-from specrepl.engine.drafters.draft_head import DraftHead, HeadConfig
+from specrepl.engine.drafters.draft_head import DraftHead, HeadConfig, check_fused_layers
 from specrepl.store.atomic import write_atomically, write_text_atomically
 from specrepl.store.paths import EMBEDDED_HEADS_DIR
 
@@ -131,6 +131,14 @@ def load_head(
     except (OSError, KeyError, TypeError, ValueError, SafetensorError) as exc:
         raise HeadLoadError(
             f"the draft head's weights in {directory} cannot be read: {exc}"
+        ) from None
+    try:
+        check_fused_layers(
+            config.fused_layers, int(target.config.get_text_config().num_hidden_layers)
+        )
+    except ValueError as exc:
+        raise HeadLoadError(
+            f"the draft head in {directory} does not fit this target: {exc}"
         ) from None
     token_ids = tensors.pop("token_ids").long()
     dtype = next(target.parameters()).dtype

@@ -44,6 +44,7 @@ class HybridDrafter(Drafter):
         self.name = "hybrid"
         self.width = model.width
         self.uses_target_features = model.uses_target_features
+        self.feature_layers = model.feature_layers
         self.uses_target_cache = model.uses_target_cache
         self.last_source = "none"
         self._candidate: tuple[torch.Tensor, Draft] | None = None  # lookup's, for one sequence
