@@ -18,9 +18,10 @@ from specrepl.engine.output_match import compare_outputs
 from specrepl.engine.results import StepEvent
 from specrepl.measure.bench import command, tables
 from specrepl.measure.bench import prompts as bench_prompts
+from specrepl.measure.bench import summary as bench_summary
 from specrepl.measure.bench.command import parse_sweep
 from specrepl.measure.bench.figures import Method, MethodRun, PromptRecord
-from specrepl.measure.bench.markdown import run_markdown
+from specrepl.measure.bench.markdown import format_positions, run_markdown
 from specrepl.measure.bench.options import BenchOptions
 from specrepl.measure.bench.peers import HfPeer
 from specrepl.measure.bench.prediction import predict_from_steps, predicted_speedup
@@ -241,6 +242,28 @@ def test_first_draft_acceptance_and_draft_cost_per_target_step() -> None:
     assert summary["speculative"].first_draft_acceptance == pytest.approx(4 / 6)
     assert summary["speculative"].draft_cost_vs_target == pytest.approx((0.05 + 0.1) / 2)
     assert summary["target"].first_draft_acceptance is None
+
+
+def test_acceptance_by_draft_position_counts_only_positions_reached(monkeypatch) -> None:
+    # (gamma, accepted): position 2 is tried only where draft 1 was accepted
+    steps = [_step(3, 0, 0.01, 0.1), _step(3, 2, 0.01, 0.1), _step(3, 3, 0.01, 0.1)]
+    steps += [_step(1, 1, 0.01, 0.1), _step(0, 0, 0.0, 0.1)]
+    run = MethodRun("speculative", [1] * 10, 1.0, steps=5, drafted=10, accepted=6, events=steps)
+    assert run.position_drafts == [(3, 4), (2, 2), (1, 2)]
+    assert MethodRun("target", [1], 1.0, steps=1, events=steps[-1:]).position_drafts is None
+    monkeypatch.setattr(bench_summary, "MIN_POSITION_TRIES", 2)
+    summary = summarize(
+        [_record("a", {"speculative": run}), _record("b", {"speculative": run})],
+        [_method("speculative")],
+    )["overall"]["speculative"]
+    assert summary.acceptance_by_position == pytest.approx((3 / 4, 1.0, 0.5))
+    monkeypatch.setattr(bench_summary, "MIN_POSITION_TRIES", 5)  # position 2 tried 4 times
+    summary = summarize(
+        [_record("a", {"speculative": run}), _record("b", {"speculative": run})],
+        [_method("speculative")],
+    )["overall"]["speculative"]
+    assert summary.acceptance_by_position == pytest.approx((3 / 4,))
+    assert format_positions((0.914, 0.8, 0.5)) == "91 80 50"
 
 
 # -- running methods on tiny models ----------------------------------------------

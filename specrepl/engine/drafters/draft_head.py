@@ -7,7 +7,11 @@ hidden state f_t (the input of the target's output layer) and the embedding of
 the next token x_{t+1}, mixes them with one linear layer, runs one decoder
 layer with its own KV cache, and emits h_t, its guess of f_{t+1}. The target's
 output rows turn h_t into logits for x_{t+2}. Drafting further feeds h_t back
-as the next position's feature. The output layer is restricted to the tokens
+as the next position's feature. A head may also read earlier layers of the
+target (`fused_layers`, EAGLE-3, Li et al. 2025, arXiv 2503.01840): their
+outputs, each RMS-normed, are mixed with f_t by one more linear layer into the
+feature the head reads; its own outputs stand in for that mix when drafting
+further. The output layer is restricted to the tokens
 the target produces most often (FR-Spec, Zhao et al. 2025, arXiv 2502.14856),
 counted on the training data: the head's q is its softmax over that subset
 and zero elsewhere, so rejection sampling stays exact.

@@ -198,6 +198,19 @@ class MethodRun(TimedTokens):
         return sum(1 for event in drafted if event.accepted > 0), len(drafted)
 
     @property
+    def position_drafts(self) -> list[tuple[int, int]] | None:
+        """Per draft position j (1, 2, ...): (steps whose draft j was accepted,
+        steps that drafted j tokens or more and accepted the j - 1 before it)."""
+        if self.drafted is None:
+            return None
+        longest = max((event.gamma for event in self.events), default=0)
+        counts = []
+        for j in range(1, longest + 1):
+            tried = [e for e in self.events if e.gamma >= j and e.accepted >= j - 1]
+            counts.append((sum(1 for e in tried if e.accepted >= j), len(tried)))
+        return counts
+
+    @property
     def seconds_per_draft(self) -> float | None:
         """Drafter seconds per drafted token after the first step (which also
         reads the prompt), pooled over the run."""
@@ -274,6 +287,7 @@ class MethodRun(TimedTokens):
             "measured_over_predicted": self.measured_over_predicted,
             "first_drafts_accepted": None if self.first_drafts is None else self.first_drafts[0],
             "first_drafts": None if self.first_drafts is None else self.first_drafts[1],
+            "position_drafts": self.position_drafts,
             "seconds_per_draft": self.seconds_per_draft,
             "target_step_seconds": self.target_step_seconds,
             "draft_cost_vs_target": self.draft_cost_vs_target,

@@ -68,6 +68,14 @@ def format_number(value: float | None, digits: int = 1) -> str:
     return DASH if value is None else f"{value:.{digits}f}"
 
 
+def format_positions(shares: Sequence[float] | None, shown: int = 6) -> str:
+    """Acceptance by draft position as '91 80 72 …' (percent, the first `shown`)."""
+    if not shares:
+        return DASH
+    text = " ".join(f"{100 * share:.0f}" for share in shares[:shown])
+    return text + (" …" if len(shares) > shown else "")
+
+
 def format_percent(value: float | None) -> str:
     return DASH if value is None else f"{100 * value:.0f}%"
 
@@ -100,6 +108,7 @@ TIME_FIGURES: tuple[tuple[str, Figure], ...] = (
     ("no-draft steps", lambda s: format_percent(s.get("empty_draft_share"))),
     ("1st draft", lambda s: format_percent(s.get("first_draft_acceptance"))),
     ("draft ÷ target", lambda s: format_number(s.get("draft_cost_vs_target"), 3)),
+    ("by position", lambda s: format_positions(s.get("acceptance_by_position"))),
 )
 
 

@@ -61,6 +61,29 @@ class MethodSummary:
     draft_cost_vs_target: float | None = None
     """Median over prompts of (drafter seconds per drafted token) / (seconds of
     one target-only forward pass)."""
+    acceptance_by_position: tuple[float, ...] | None = None
+    """Pooled share of draft j accepted where draft j was proposed and the
+    ones before it accepted, for j = 1, 2, ... (positions tried 20 times or more)."""
+
+
+MIN_POSITION_TRIES = 20
+"""A draft position's acceptance is reported when it was tried this often."""
+
+
+def _by_position(runs: list[MethodRun]) -> tuple[float, ...] | None:
+    pooled: dict[int, list[int]] = {}
+    for run in runs:
+        for j, (taken, tried) in enumerate(run.position_drafts or []):
+            total = pooled.setdefault(j, [0, 0])
+            total[0] += taken
+            total[1] += tried
+    shares = []
+    for j in sorted(pooled):
+        taken, tried = pooled[j]
+        if tried < MIN_POSITION_TRIES:
+            break
+        shares.append(taken / tried)
+    return tuple(shares) if shares else None
 
 
 def _median(values: Iterable[float | None]) -> float | None:
@@ -116,6 +139,7 @@ def _summary(method: str, runs: list[MethodRun]) -> MethodSummary:
         ),
         first_draft_acceptance=first_taken / first_tried if first_tried else None,
         draft_cost_vs_target=_median(run.draft_cost_vs_target for run in runs),
+        acceptance_by_position=_by_position(runs),
     )
 
 

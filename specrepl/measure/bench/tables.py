@@ -45,6 +45,7 @@ from specrepl.measure.bench.markdown import (
     PROMPT_HEADER,
     format_number,
     format_percent,
+    format_positions,
     format_times,
     prompt_row,
 )
@@ -174,6 +175,7 @@ def _time_split_table(report: BenchReport) -> Table:
         "no-draft steps",
         "1st draft",
         "draft ÷ target",
+        "by position, %",
     )
     for name in names:
         table.add_column(name, justify="left" if name == "method" else "right")
@@ -191,6 +193,7 @@ def _time_split_table(report: BenchReport) -> Table:
             format_percent(summary.empty_draft_share),
             format_percent(summary.first_draft_acceptance),
             format_number(summary.draft_cost_vs_target, 3),
+            format_positions(summary.acceptance_by_position),
         )
     return table
 
