@@ -43,6 +43,7 @@ __all__ = [
     "measure_width_samples",
     "measure_widths",
     "plan_widths",
+    "processor_name",
     "spread",
 ]
 
@@ -192,3 +193,11 @@ def cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine() or "unknown"
+
+
+def processor_name(device: torch.device) -> str:
+    """What did the work on `device`: the CPU's model name, or the GPU's name
+    with the host CPU's (as a shard or a checkpoint records where it was made)."""
+    if device.type == "cuda":
+        return f"{torch.cuda.get_device_name(device)} (GPU; host CPU {cpu_model()})"
+    return cpu_model()

@@ -26,14 +26,14 @@ import numpy as np
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from specrepl.engine.widths import cpu_model
+from specrepl.engine.widths import processor_name
 from specrepl.models.prompting import PromptEncodingError
 from specrepl.train.data import DataProgress, ProgressCallback, batched_generate
 from specrepl.train.prompts import PROMPT_SOURCE, write_prompt_batch
 from specrepl.train.shards import DataSummary, TokenData, TokenRecord
 from specrepl.version import __version__
 
-__all__ = ["AnswerRecipe", "accumulate_answers", "rate_and_time_left"]
+__all__ = ["AnswerRecipe", "accumulate_answers", "answer_batch_for", "rate_and_time_left"]
 
 FRUITLESS_BATCHES = 20
 """Prompt batches in a row without one usable prompt before giving up."""
@@ -51,6 +51,21 @@ class AnswerRecipe:
     prompt_batch: int = 64
     prompt_tokens: int = 80
 
+    @classmethod
+    def batched(
+        cls, answer_batch: int, *, max_new_tokens: int, writer_dtype: str, seed: int
+    ) -> AnswerRecipe:
+        """A recipe that answers `answer_batch` prompts at once, in shards of
+        twice as many (64 at least), its prompts written as many at a time."""
+        return cls(
+            max_new_tokens=max_new_tokens,
+            writer_dtype=writer_dtype,
+            seed=seed,
+            shard_records=max(64, 2 * answer_batch),
+            answer_batch=answer_batch,
+            prompt_batch=max(64, answer_batch),
+        )
+
     def shard_seed(self, number: int) -> int:
         """The seed of shard `number`'s prompts: each shard draws its own."""
         return self.seed * 1_000_003 + number
@@ -65,6 +80,13 @@ class AnswerRecipe:
             "max_new_tokens": self.max_new_tokens,
             "seed": self.seed,
         }
+
+
+def answer_batch_for(device: torch.device) -> int:
+    """Answers written at once by default: 32 on a CPU (more rows cost time
+    in proportion there), 512 on a GPU (a step costs about the same for 1 or
+    512 rows of a small target, so wide batches buy throughput)."""
+    return 512 if device.type == "cuda" else 32
 
 
 def rate_and_time_left(
@@ -96,7 +118,9 @@ def _shard_prompts(
     """`recipe.shard_records` encoded prompts the writer writes for shard
     `number`, none of them in `seen` (which grows by them)."""
     seed = recipe.shard_seed(number)
-    rng, generator = random.Random(seed), torch.Generator().manual_seed(seed)
+    device = next(writer.parameters()).device
+    # the sampler draws on the writer's device: a GPU's draws differ from a CPU's
+    rng, generator = random.Random(seed), torch.Generator(device=device).manual_seed(seed)
     texts: set[str] = set()
     prompts: list[list[int]] = []
     fruitless = 0
@@ -183,7 +207,7 @@ def accumulate_answers(
             recipe=recipe.as_record(number),
             cpu_seconds=time.process_time() - cpu,
             wall_seconds=time.perf_counter() - wall,
-            cpu=cpu_model(),
+            cpu=processor_name(next(writer.parameters()).device),
             date=datetime.now(timezone.utc).strftime("%Y-%m-%d"),
             made_by=f"specrepl {__version__}, torch {torch.__version__}",
         )

@@ -39,7 +39,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from specrepl.engine.drafters.draft_head import DraftHead, HeadConfig
-from specrepl.engine.widths import cpu_model
+from specrepl.engine.widths import cpu_model, processor_name
 from specrepl.store.atomic import unreadable, write_atomically, write_text_atomically
 
 __all__ = [
@@ -316,6 +316,7 @@ class CommittedCheckpoint:
         agreement: tuple[float, ...],
     ) -> None:
         self.session.update(
+            cpu=processor_name(head.token_ids.device),
             date=datetime.now(timezone.utc).strftime("%Y-%m-%d"),
             seconds=round(position.seconds - self.start.seconds, 1),
             steps=position.steps - self.start.steps,

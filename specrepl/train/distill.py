@@ -42,7 +42,7 @@ from specrepl.engine.signals import EXIT_OK, EXIT_USAGE
 from specrepl.models.pair import ModelPair
 from specrepl.models.prompting import chat_prompt_ids
 from specrepl.store.paths import distill_root
-from specrepl.train.accumulate import AnswerRecipe, accumulate_answers
+from specrepl.train.accumulate import AnswerRecipe, accumulate_answers, answer_batch_for
 from specrepl.train.checkpoint import CheckpointRefused
 from specrepl.train.data import DataProgress, load_shards, make_answers
 from specrepl.train.options import (
@@ -137,7 +137,13 @@ def write_data(
         return data
     writer, writer_dtype = answer_writer(pair.target.model, options.writer_dtype)
     say(f"answers are written by the target in {writer_dtype}, as token ids into {options.data}")
-    recipe = AnswerRecipe(options.max_new_tokens, writer_dtype, options.seed)
+    batch = options.answer_batch or answer_batch_for(next(writer.parameters()).device)
+    recipe = AnswerRecipe.batched(
+        batch,
+        max_new_tokens=options.max_new_tokens,
+        writer_dtype=writer_dtype,
+        seed=options.seed,
+    )
     accumulate_answers(
         writer,
         pair.tokenizer,

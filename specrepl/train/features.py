@@ -12,6 +12,7 @@ It knows nothing of the file formats, the head or the training loop.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -20,11 +21,22 @@ from transformers import PreTrainedModel
 
 from specrepl.train.data import target_features
 
-__all__ = ["FEATURE_BUDGET_BYTES", "FeatureSource"]
+__all__ = ["FEATURE_BUDGET_BYTES", "FeatureSource", "feature_budget_bytes"]
 
 FEATURE_BUDGET_BYTES = 4 << 30
-"""Features kept in memory at most (4 GiB: 3.7M positions of a 576-wide target
-in bfloat16); beyond it they are recomputed whenever a record is used."""
+"""Features kept in memory where the free memory cannot be read (4 GiB: 3.7M
+positions of a 576-wide target in bfloat16); beyond the budget they are
+recomputed whenever a record is used."""
+
+
+def feature_budget_bytes() -> int:
+    """Features kept in memory: a third of the memory free now (at least 1
+    GiB), or FEATURE_BUDGET_BYTES where the system does not say."""
+    try:
+        free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return FEATURE_BUDGET_BYTES
+    return max(1 << 30, free // 3)
 
 
 class FeatureSource:
@@ -34,7 +46,7 @@ class FeatureSource:
         self,
         target: PreTrainedModel,
         *,
-        budget_bytes: int = FEATURE_BUDGET_BYTES,
+        budget_bytes: int | None = None,
         pad_id: int = 0,
         feature_layers: tuple[int, ...] = (),
     ) -> None:
@@ -42,7 +54,7 @@ class FeatureSource:
         self.feature_layers = tuple(feature_layers)
         hidden = int(target.config.get_text_config().hidden_size)
         self.width = hidden * (len(self.feature_layers) + 1)
-        self.budget_bytes = budget_bytes
+        self.budget_bytes = feature_budget_bytes() if budget_bytes is None else budget_bytes
         self.pad_id = pad_id  # right padding under a mask: any id gives the same features
         self.kept_bytes = 0
         self.computed = 0

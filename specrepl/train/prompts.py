@@ -185,7 +185,8 @@ def make_prompts(
     prompts = read_prompts(path)
     seen = set(prompts)
     rng = random.Random(seed + len(prompts))
-    generator = torch.Generator().manual_seed(seed + len(prompts))
+    device = next(model.parameters()).device
+    generator = torch.Generator(device=device).manual_seed(seed + len(prompts))
     while len(prompts) < count:
         fresh = write_prompt_batch(
             model,

@@ -52,7 +52,7 @@ from specrepl.train.checkpoint import (
     SavedHead,
     read_checkpoint,
 )
-from specrepl.train.features import FEATURE_BUDGET_BYTES, FeatureSource
+from specrepl.train.features import FeatureSource
 
 __all__ = [
     "TrainProgress",
@@ -286,7 +286,7 @@ def train_head(
     progress: Callable[[TrainProgress], None] | None = None,
     evaluate_every: int = 200,
     on_message: Callable[[str], None] | None = None,
-    feature_budget: int = FEATURE_BUDGET_BYTES,
+    feature_budget: int | None = None,
     checkpoint_directory: Path | None = None,
 ) -> TrainState:
     """Train a head for `target` on `records`, resuming from a checkpoint.
@@ -304,7 +304,8 @@ def train_head(
 
     A record without "features" (ids only) gets the target's, computed when it
     is first used (`features.FeatureSource`, counted in the training time) and
-    kept while they fit `feature_budget` bytes."""
+    kept while they fit `feature_budget` bytes (default: a third of the free
+    memory, `features.feature_budget_bytes`)."""
     torch.manual_seed(settings.seed)
     features = FeatureSource(
         target, budget_bytes=feature_budget, feature_layers=settings.fused_layers
