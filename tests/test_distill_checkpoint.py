@@ -17,8 +17,14 @@ import torch
 from safetensors.torch import load_file
 
 from specrepl.engine.drafters.draft_head import head_parameters
+from specrepl.engine.drafters.head_store import save_head, target_fingerprint
 from specrepl.testing import tiny_llama
-from specrepl.train.checkpoint import CHECKPOINT_JSON, CHECKPOINT_WEIGHTS, CheckpointRefused
+from specrepl.train.checkpoint import (
+    CHECKPOINT_JSON,
+    CHECKPOINT_WEIGHTS,
+    CheckpointRefused,
+    start_from_head,
+)
 from specrepl.train.distill import training_records
 from specrepl.train.shards import TokenData, TokenRecord
 from specrepl.train.training import (
@@ -173,3 +179,47 @@ def test_the_checkpoint_is_about_two_bytes_a_parameter(target, tmp_path: Path) -
     assert weights <= 2.2 * parameters + 4 * 12 + description + 2048
     tensors = load_file(str(checkpoint / CHECKPOINT_WEIGHTS))
     assert all(v.dtype == torch.bfloat16 for k, v in tensors.items() if k != "token_ids")
+
+
+def test_training_can_start_from_a_saved_head(target, tmp_path: Path) -> None:
+    """`distill --from-head`: the checkpoint starts as the head's weights and
+    vocabulary, training resumes from them with a schedule of its own, and an
+    existing checkpoint is never overwritten."""
+    data = new_data(tmp_path / "data")
+    append_shard(data, 0, (4, 20))
+    trained = train(target, data, tmp_path / "first", tokens=300).head
+    about = {"name": "tiny", "fingerprint": target_fingerprint(target), "vocab_size": VOCAB}
+    checkpoint = tmp_path / "data" / "checkpoint"
+    kept = settings(200).as_dict()
+    assert start_from_head(checkpoint, trained, target=about, settings=kept, source="first")
+    assert not start_from_head(checkpoint, trained, target=about, settings=kept, source="again")
+    started = json.loads((checkpoint / CHECKPOINT_JSON).read_text())
+    assert started["started_from"] == "first" and started["progress"]["steps"] == 0
+    saved = load_file(str(checkpoint / CHECKPOINT_WEIGHTS))
+    for name, value in trained.state_dict().items():
+        assert torch.equal(saved[name], value.to(torch.bfloat16)), name
+    resumed = train(target, data, checkpoint, tokens=200)
+    assert resumed.resumed and resumed.steps > 0
+    assert torch.equal(resumed.head.token_ids.cpu(), trained.token_ids.cpu())
+
+
+def test_from_head_refusals_reach_the_command_line(tmp_path: Path, capsys) -> None:
+    from specrepl.app import cli
+    from specrepl.testing import tiny_tokenizer
+
+    for seed in (4, 5):
+        tiny_llama(VOCAB, seed=seed).save_pretrained(tmp_path / f"model{seed}")
+        tiny_tokenizer(VOCAB).save_pretrained(tmp_path / f"model{seed}")
+    model = ["--drafter", "none", "--target"]
+    flags = ["distill", "--from-head", str(tmp_path / "head"), "--out", str(tmp_path / "out")]
+    assert cli.main([*model, str(tmp_path / "model4"), *flags]) == 2
+    assert "--from-headneeds--dataDIR" in "".join(capsys.readouterr().err.split())
+    head = train(tiny_llama(VOCAB, seed=5), new_data(tmp_path / "d5"), tmp_path / "c5", 1).head
+    about = {
+        "target": {"name": "tiny", "fingerprint": target_fingerprint(tiny_llama(VOCAB, seed=5))}
+    }
+    save_head(head, tmp_path / "head", about)
+    data = ["--data", str(tmp_path / "d4"), "--data-tokens", "60", "--answer-tokens", "6"]
+    assert cli.main([*model, str(tmp_path / "model4"), *flags, *data, "--minutes", "0.01"]) == 2
+    said = "".join(capsys.readouterr().err.split())
+    assert "notforthistarget" in said and "Traceback" not in said

@@ -52,6 +52,7 @@ __all__ = [
     "Position",
     "SavedHead",
     "read_checkpoint",
+    "start_from_head",
     "vocabulary_hash",
     "write_checkpoint",
 ]
@@ -111,6 +112,31 @@ def write_checkpoint(directory: Path, head: DraftHead, description: dict[str, An
         lambda file: save_file(tensors, str(file), metadata={_METADATA_KEY: text}),
     )
     write_text_atomically(directory / CHECKPOINT_JSON, text)
+
+
+def start_from_head(
+    directory: Path,
+    head: DraftHead,
+    *,
+    target: dict[str, Any],
+    settings: dict[str, Any],
+    source: str,
+) -> bool:
+    """Write a checkpoint holding `head`'s weights and nothing used yet, so
+    that training resumes from them (a warm restart) with its own schedule;
+    False, writing nothing, when `directory` already holds a checkpoint."""
+    if (directory / CHECKPOINT_WEIGHTS).exists():
+        return False
+    progress = {**asdict(Position()), "training_records": -1, "held_back_agreement": []}
+    description = {
+        "target": target,
+        "settings": settings,
+        "progress": progress,
+        "started_from": source,
+        "sessions": [],
+    }
+    write_checkpoint(directory, head, description)
+    return True
 
 
 def _load(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
@@ -294,7 +320,8 @@ class CommittedCheckpoint:
         progress = self.saved.progress
         names = ("seconds", "tokens", "steps", "epoch", "done_in_epoch")
         position = Position(*(progress[name] for name in names))
-        if int(progress.get("training_records", -1)) != self.records["training_records"]:
+        used_records = int(progress.get("training_records", -1))  # -1: started from a head
+        if used_records >= 0 and used_records != self.records["training_records"]:
             say(
                 f"the data changed since the checkpoint ({progress.get('training_records')} ->"
                 f" {self.records['training_records']} training records): a new pass over all"

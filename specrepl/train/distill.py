@@ -37,13 +37,18 @@ import torch
 from transformers import PreTrainedModel
 
 from specrepl.engine.drafters.draft_head import head_parameters
-from specrepl.engine.drafters.head_store import save_head, target_fingerprint
+from specrepl.engine.drafters.head_store import (
+    HeadLoadError,
+    load_head,
+    save_head,
+    target_fingerprint,
+)
 from specrepl.engine.signals import EXIT_OK, EXIT_USAGE
 from specrepl.models.pair import ModelPair
 from specrepl.models.prompting import chat_prompt_ids
 from specrepl.store.paths import distill_root
 from specrepl.train.accumulate import AnswerRecipe, accumulate_answers, answer_batch_for
-from specrepl.train.checkpoint import CheckpointRefused
+from specrepl.train.checkpoint import CheckpointRefused, start_from_head
 from specrepl.train.data import DataProgress, load_shards, make_answers
 from specrepl.train.options import (
     DistillOptions,
@@ -242,6 +247,30 @@ def _directory_data(
     return records, made
 
 
+def _start_from_head(pair: ModelPair, options: DistillOptions, say: Callable[[str], None]) -> None:
+    """The checkpoint starts as `options.from_head`'s weights, unless one is
+    there already (HeadLoadError: a head for another target)."""
+    assert options.from_head is not None and options.checkpoint is not None
+    target = pair.target.model
+    head, _ = load_head(options.from_head, target)
+    about = {
+        "name": pair.target.name,
+        "fingerprint": target_fingerprint(target),
+        "vocab_size": pair.vocab_size,
+    }
+    written = start_from_head(
+        options.checkpoint,
+        head,
+        target=about,
+        settings=options.train.as_dict(),
+        source=str(options.from_head),
+    )
+    if written:
+        say(f"training starts from the head in {options.from_head}")
+    else:
+        say(f"--from-head ignored: {options.checkpoint} holds a checkpoint, resumed instead")
+
+
 def distill(
     pair: ModelPair,
     options: DistillOptions,
@@ -262,6 +291,8 @@ def distill(
         raise RuntimeError(f"no training data in {options.data or options.work}")
     answer_tokens = sum(int(r["ids"].shape[0]) - int(r["prompt_length"]) for r in records)
     say(f"training on {len(records)} answers, {answer_tokens} answer tokens")
+    if options.from_head is not None and options.checkpoint is not None:
+        _start_from_head(pair, options, say)
     state = train_head(
         target,
         records,
@@ -346,7 +377,8 @@ def run(args: argparse.Namespace, front: DistillFront) -> int:
 
     Exit status: 0; 1 (the target cannot be loaded); 2 (a bad flag or config,
     a --data directory that holds another target's data or does not read, a
-    checkpoint made for another target or head shape);
+    checkpoint made for another target or head shape, a --from-head head made
+    for another target);
     130 (Ctrl-C: the last checkpoint and every whole shard are kept, the same
     command resumes).
     """
@@ -380,7 +412,7 @@ def run(args: argparse.Namespace, front: DistillFront) -> int:
                 description = distill(
                     pair, options, on_data=on_data, on_train=on_train, on_message=view.note
                 )
-    except (DataRefused, CheckpointRefused) as error:
+    except (DataRefused, CheckpointRefused, HeadLoadError) as error:
         view.fatal(f"distill: {error}")
         return EXIT_USAGE
     except KeyboardInterrupt:

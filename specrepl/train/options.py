@@ -39,6 +39,9 @@ class DistillOptions:
     data_only: bool = False
     checkpoint: Path | None = None
     """With `data`: the committed training checkpoint's directory (DIR/checkpoint)."""
+    from_head: Path | None = None
+    """With `data`: a saved head whose weights start training where the
+    checkpoint directory holds no checkpoint yet."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -84,6 +87,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="DIR",
         help="with --data: the compact training checkpoint, to commit with the data "
         "(default: checkpoint/ inside the --data directory)",
+    )
+    parser.add_argument(
+        "--from-head",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="with --data: start training from this head (e.g. the shipped one,"
+        " specrepl/heads/...) when the checkpoint directory holds no checkpoint yet;"
+        " its shape and draft vocabulary are kept",
     )
     parser.add_argument(
         "--prompts",
@@ -203,6 +215,8 @@ def check_arguments(args: argparse.Namespace) -> None:
         raise ValueError("--data-only needs --data DIR")
     if args.checkpoint is not None and args.data is None:
         raise ValueError("--checkpoint needs --data DIR (without it, checkpoints go to --work)")
+    if args.from_head is not None and (args.data is None or args.data_only):
+        raise ValueError("--from-head needs --data DIR and training (not --data-only)")
     if args.out is None and not args.data_only:
         raise ValueError("--out DIR is needed (where the head is written), unless --data-only")
     checks = (
@@ -254,4 +268,5 @@ def options_from_args(args: argparse.Namespace, default_work: Path) -> DistillOp
         data=args.data,
         data_only=args.data_only,
         checkpoint=args.checkpoint or (args.data / "checkpoint" if args.data else None),
+        from_head=args.from_head,
     )
