@@ -14,12 +14,17 @@ script splits the work:
               and the head written at the end;
     evaluate  held-back top-1 agreement per draft position of saved heads on
               the same records (and on 40 training records, to see overfitting).
+    held-back the same, without a features file: N held-back records of the
+              chosen shards, evenly spread, their features computed here
+              (for data too large to keep every record's features).
 
     export HF_HUB_OFFLINE=1
     python scripts/head_trial.py features distill-data/smollm2-135m-instruct /tmp/f.pt
     OMP_NUM_THREADS=1 python scripts/head_trial.py train /tmp/f.pt /tmp/A --minutes 15 &
     OMP_NUM_THREADS=1 python scripts/head_trial.py train /tmp/f.pt /tmp/B --minutes 15 --fuse 2,15
     python scripts/head_trial.py evaluate /tmp/f.pt /tmp/A/head /tmp/B/head
+    python scripts/head_trial.py held-back distill-data/smollm2-135m-instruct \
+        --shards 47-53 --records 80 specrepl/heads/smollm2-135m-instruct /tmp/A/head
 
 Run trials side by side with one thread each so they share the machine
 alike. A measurement tool, not part of the product: the head it trains is
@@ -132,6 +137,38 @@ def evaluate(path: Path, heads: list[Path]) -> None:
             print(directory, name, [round(a, 3) for a in agreement], flush=True)
 
 
+def _shard_range(text: str) -> range:
+    first, _, last = text.partition("-")
+    return range(int(first), int(last or first) + 1)
+
+
+def held_back(data_directory: Path, shards: range, count: int, heads: list[Path]) -> None:
+    target = _target()
+    vocab = int(target.config.vocab_size)
+    data = TokenData.open(
+        data_directory, name="embedded", fingerprint=target_fingerprint(target), vocab_size=vocab
+    )
+    held, _ = split_by_layout(training_records(data), TRAIN.holdout)
+    chosen = [record for record in held if record["shard"] in shards]
+    step = max(1, len(chosen) // count)
+    chosen = chosen[::step][:count]
+    answer_tokens = sum(int(r["ids"].shape[0]) - r["prompt_length"] for r in chosen)
+    print(
+        f"{len(chosen)} held-back records of shards {shards.start}-{shards.stop - 1},"
+        f" {answer_tokens} answer tokens",
+        flush=True,
+    )
+    features = target_features(target, [r["ids"] for r in chosen], pad_id=0)
+    records = [{**r, "features": f} for r, f in zip(chosen, features, strict=True)]
+    settings = TrainSettings(depth=4, batch_sequences=8)
+    for directory in heads:
+        head, _ = load_head(directory, target)
+        if head.config.fused_layers:
+            raise SystemExit(f"{directory}: held-back reads the final layer only")
+        agreement = evaluate_head(head.float(), records, settings, torch.float32)
+        print(directory, [round(a, 3) for a in agreement], flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -151,8 +188,15 @@ def main() -> None:
     judged = commands.add_parser("evaluate")
     judged.add_argument("features", type=Path)
     judged.add_argument("heads", type=Path, nargs="+")
+    sampled = commands.add_parser("held-back")
+    sampled.add_argument("data", type=Path)
+    sampled.add_argument("heads", type=Path, nargs="+")
+    sampled.add_argument("--shards", type=_shard_range, default=_shard_range("0-99999"))
+    sampled.add_argument("--records", type=int, default=80)
     args = parser.parse_args()
-    if args.command == "features":
+    if args.command == "held-back":
+        held_back(args.data, args.shards, args.records, args.heads)
+    elif args.command == "features":
         features(args.data, args.output)
     elif args.command == "train":
         train(args)
