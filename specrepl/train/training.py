@@ -67,6 +67,10 @@ __all__ = [
 
 LABEL_TOP = 8  # the target's law is kept as its 8 likeliest tokens (renormalized)
 RESTART_STEPS = 50  # after a committed checkpoint, the rate ramps up again over 50 steps
+EVALUATION_SHARE_INVERSE = 9.0
+"""A held-back check waits for at least 9 times its own measured duration of
+training since the last one (every `evaluate_every` steps at most often), so
+that checks on a large held-back set take at most a tenth of the time."""
 
 
 @dataclass(frozen=True)
@@ -402,6 +406,7 @@ def _train(
         return _learning_rate(settings, used()) * ramp
 
     last_checkpoint = time.perf_counter()
+    next_evaluation = 0.0  # training seconds: held-back checks take at most a tenth of the time
     agreement: tuple[float, ...] = ()
     try:
         while used() < 1.0 and training:
@@ -424,8 +429,11 @@ def _train(
                 at.steps += 1
                 at.done_in_epoch += 1
                 measured = None
-                if at.steps % evaluate_every == 0:
+                if at.steps % evaluate_every == 0 and at.seconds >= next_evaluation:
+                    evaluation_began = time.perf_counter()
                     measured = agreement = evaluate_head(head, held_back, settings, dtype)
+                    spent = time.perf_counter() - evaluation_began
+                    next_evaluation = at.seconds + EVALUATION_SHARE_INVERSE * spent
                 if progress is not None:
                     shown = float(loss.detach())
                     progress(
