@@ -116,33 +116,26 @@ def test_distill_data_and_training_run_with_the_target_on_the_gpu(tmp_path: Path
     records = training_records(data)
     prompts = [bytes(r["ids"][: r["prompt_length"]].numpy()) for r in records]
     assert len(set(prompts)) == len(prompts)
-    settings = TrainSettings(
-        draft_vocab=24, batch_sequences=16, max_minutes=0.05, checkpoint_seconds=1e9
-    )
-    state = train_head(
-        model,
-        records,
-        settings,
-        tmp_path / "work",
-        end_tokens=pair.eos_token_ids,
-        vocab_size=32,
-        checkpoint_directory=tmp_path / "checkpoint",
-    )
+
+    def train(minutes: float):
+        settings = TrainSettings(
+            draft_vocab=24, batch_sequences=16, max_minutes=minutes, checkpoint_seconds=1e9
+        )
+        return train_head(
+            model,
+            records,
+            settings,
+            tmp_path / "work",
+            end_tokens=pair.eos_token_ids,
+            vocab_size=32,
+            checkpoint_directory=tmp_path / "checkpoint",
+        )
+
+    state = train(0.05)
     assert state.steps > 0 and all(0.0 <= a <= 1.0 for a in state.agreement)
     about = {"target": {"name": "tiny", "fingerprint": target_fingerprint(model)}}
     save_head(state.head, tmp_path / "head", about)
     loaded, _ = load_head(tmp_path / "head", model)
     assert loaded.token_ids.device.type == "cuda"
-    longer = TrainSettings(
-        draft_vocab=24, batch_sequences=16, max_minutes=0.1, checkpoint_seconds=1e9
-    )
-    resumed = train_head(
-        model,
-        records,
-        longer,
-        tmp_path / "work",
-        end_tokens=pair.eos_token_ids,
-        vocab_size=32,
-        checkpoint_directory=tmp_path / "checkpoint",
-    )
+    resumed = train(0.1)  # the same checkpoint, a longer budget
     assert resumed.resumed and resumed.steps > state.steps
