@@ -139,3 +139,17 @@ def test_distill_data_and_training_run_with_the_target_on_the_gpu(tmp_path: Path
     assert loaded.token_ids.device.type == "cuda"
     resumed = train(0.1)  # the same checkpoint, a longer budget
     assert resumed.resumed and resumed.steps > state.steps
+
+
+def test_features_stay_on_the_gpu_and_match_the_cpus() -> None:
+    from specrepl.train.features import FeatureSource
+    from specrepl.train.training import _batch
+
+    records = [{"ids": torch.arange(4, 4 + n) % 32, "prompt_length": 3} for n in (9, 16, 23)]
+    on_gpu = FeatureSource(target()).with_features([dict(r) for r in records])
+    on_cpu = FeatureSource(tiny_llama(32, seed=0)).with_features([dict(r) for r in records])
+    for gpu, cpu in zip(on_gpu, on_cpu, strict=True):
+        assert gpu["features"].device.type == "cuda"
+        torch.testing.assert_close(gpu["features"].cpu(), cpu["features"], rtol=2**-6, atol=1e-3)
+    batch = _batch(on_gpu, 32, torch.float32, CUDA)
+    assert all(value.device.type == "cuda" for value in batch.values())

@@ -28,6 +28,7 @@ from specrepl.train.checkpoint import (
 from specrepl.train.distill import training_records
 from specrepl.train.shards import TokenData, TokenRecord
 from specrepl.train.training import (
+    TrainProgress,
     TrainSettings,
     TrainState,
     choose_draft_vocabulary,
@@ -223,3 +224,27 @@ def test_from_head_refusals_reach_the_command_line(tmp_path: Path, capsys) -> No
     assert cli.main([*model, str(tmp_path / "model4"), *flags, *data, "--minutes", "0.01"]) == 2
     said = "".join(capsys.readouterr().err.split())
     assert "notforthistarget" in said and "Traceback" not in said
+
+
+def test_progress_says_how_much_of_the_time_went_to_features(target, tmp_path: Path) -> None:
+    from specrepl.app.render.distill import pace_text
+
+    data = new_data(tmp_path / "data")
+    append_shard(data, seed=1, words=(3, 9))
+    reports: list[TrainProgress] = []
+    train_head(
+        target,
+        training_records(data),
+        settings(600),
+        tmp_path / "unused-work",
+        end_tokens=[END],
+        vocab_size=VOCAB,
+        checkpoint_directory=tmp_path / "checkpoint",
+        progress=reports.append,
+    )
+    last = reports[-1]
+    # ids-only records: the first pass computes every training record's features
+    assert 0.0 < last.feature_seconds < last.seconds
+    assert [r.feature_seconds for r in reports] == sorted(r.feature_seconds for r in reports)
+    assert "tokens/s" in pace_text(last) and "on features" in pace_text(last)
+    assert pace_text(TrainProgress(0.0, 60.0, 0, 0, float("nan"))) == "starting"

@@ -21,7 +21,7 @@ from specrepl.testing import interrupt_on_call, tiny_llama, tiny_tokenizer
 from specrepl.train.accumulate import AnswerRecipe, accumulate_answers, rate_and_time_left
 from specrepl.train.data import batched_generate
 from specrepl.train.distill import open_data
-from specrepl.train.features import FeatureSource
+from specrepl.train.features import FeatureSource, forward_batch_for
 from specrepl.train.shards import (
     MANIFEST,
     VERSION,
@@ -285,3 +285,21 @@ def test_the_rate_and_the_time_left() -> None:
     assert rate_and_time_left(100, 100, 1000, 5.0) == (None, None)
     assert rate_and_time_left(100, 300, 1000, 10.0) == (20.0, 35.0)
     assert rate_and_time_left(0, 1200, 1000, 10.0) == (120.0, 0.0)
+
+
+def test_feature_passes_are_sized_for_the_device() -> None:
+    cpu = torch.device("cpu")
+    assert forward_batch_for(cpu, 10) == forward_batch_for(cpu, 4000)  # memory-bound: fixed
+    gpu = torch.device("cuda")
+    assert forward_batch_for(gpu, 100) > forward_batch_for(gpu, 1000) >= 1
+    assert forward_batch_for(gpu, 10**9) == 1
+
+
+def test_features_on_the_cpu_stay_on_the_cpu_and_are_timed() -> None:
+    target = tiny_llama(32, seed=4)
+    records = [{"ids": torch.arange(4, 20), "prompt_length": 3} for _ in range(3)]
+    source = FeatureSource(target)
+    assert not source.on_device and source.seconds == 0.0
+    chosen = source.with_features(records)
+    assert all(r["features"].device.type == "cpu" for r in chosen)
+    assert source.seconds > 0.0

@@ -248,9 +248,11 @@ def target_features(
     pad_id: int,
     batch_size: int = 8,
     feature_layers: tuple[int, ...] = (),
+    on_model_device: bool = False,
 ) -> list[torch.Tensor]:
     """The model's final hidden state at every position of each sequence but
-    the last, as bfloat16 (L - 1, hidden) on the CPU; with `feature_layers`,
+    the last, as bfloat16 (L - 1, hidden) on the CPU (on the model's device
+    with `on_model_device`: a GPU keeps them for training); with `feature_layers`,
     those decoder layers' outputs before it (L - 1, hidden x (layers + 1)), as
     the engine gives them to a drafter (`forward.selected_features`). Sequences
     are batched by length (right padding, masked) to waste little on padding."""
@@ -272,7 +274,9 @@ def target_features(
             logits_to_keep=1,
         )
         hidden = selected_features(output.hidden_states, feature_layers)
-        hidden = hidden.to(torch.bfloat16).cpu()
+        hidden = hidden.to(torch.bfloat16)
+        if not on_model_device:
+            hidden = hidden.cpu()
         for slot, i in enumerate(rows):
             result[i] = hidden[slot, : len(sequences[i]) - 1].clone()
     return [features for features in result if features is not None]

@@ -108,6 +108,7 @@ class TrainProgress:
     steps: int
     loss: float
     agreement: tuple[float, ...] | None = None
+    feature_seconds: float = 0.0  # of `seconds`, spent computing the target's features
 
 
 @dataclass
@@ -149,24 +150,30 @@ def _batch(
     """Right-padded tensors for a list of records: features (b, n, width: the
     fused layers' and the final one's), the next tokens (b, n), the final
     layer's f_{t+1} (b, n, hidden), the labels' source, and the loss mask (b, n).
-    Position t reads (f_t, x_{t+1}) and is scored on x_{t+2}."""
+    Position t reads (f_t, x_{t+1}) and is scored on x_{t+2}. The features
+    are gathered on `device` (where a GPU keeps them, they never leave it)."""
     n = max(int(r["features"].shape[0]) - 1 for r in records)
     width = int(records[0]["features"].shape[1])
     b = len(records)
-    features = torch.zeros(b, n, width, dtype=dtype)
-    targets = torch.zeros(b, n, hidden, dtype=dtype)
+    device = device or torch.device("cpu")
+    features = torch.zeros(b, n, width, dtype=dtype, device=device)
+    targets = torch.zeros(b, n, hidden, dtype=dtype, device=device)
     tokens = torch.zeros(b, n, dtype=torch.long)
     mask = torch.zeros(b, n, dtype=torch.bool)
     for row, record in enumerate(records):
-        f = record["features"].to(dtype)
+        f = record["features"].to(device=device, dtype=dtype, non_blocking=True)
         length = f.shape[0] - 1
         features[row, :length] = f[:-1]
         targets[row, :length] = f[1:, -hidden:]  # the final layer's: the label's source
         tokens[row, :length] = record["ids"][1 : length + 1]
         # from the last prompt position on: what drafting after the prompt sees
         mask[row, max(0, record["prompt_length"] - 1) : length] = True
-    batch = {"features": features, "tokens": tokens, "targets": targets, "mask": mask}
-    return {name: value.to(device) for name, value in batch.items()} if device else batch
+    return {
+        "features": features,
+        "tokens": tokens.to(device),
+        "targets": targets,
+        "mask": mask.to(device),
+    }
 
 
 def _losses(
@@ -405,6 +412,7 @@ def _train(
         ramp = min(1.0, (at.steps - first_step + 1) / restart_steps) if restart_steps else 1.0
         return _learning_rate(settings, used()) * ramp
 
+    features_before = features.seconds  # the held-back records' are not training time
     last_checkpoint = time.perf_counter()
     next_evaluation = 0.0  # training seconds: held-back checks take at most a tenth of the time
     agreement: tuple[float, ...] = ()
@@ -437,7 +445,15 @@ def _train(
                 if progress is not None:
                     shown = float(loss.detach())
                     progress(
-                        TrainProgress(at.seconds, budget, at.tokens, at.steps, shown, measured)
+                        TrainProgress(
+                            at.seconds,
+                            budget,
+                            at.tokens,
+                            at.steps,
+                            shown,
+                            measured,
+                            features.seconds - features_before,
+                        )
                     )
                 if time.perf_counter() - last_checkpoint >= settings.checkpoint_seconds:
                     store.save(head, optimizer, at, agreement)
@@ -450,5 +466,15 @@ def _train(
     agreement = evaluate_head(head, held_back, settings, dtype)
     store.save(head, optimizer, at, agreement)
     if progress is not None:
-        progress(TrainProgress(at.seconds, budget, at.tokens, at.steps, math.nan, agreement))
+        progress(
+            TrainProgress(
+                at.seconds,
+                budget,
+                at.tokens,
+                at.steps,
+                math.nan,
+                agreement,
+                features.seconds - features_before,
+            )
+        )
     return TrainState(head.eval(), at.seconds, at.tokens, at.steps, agreement, False)

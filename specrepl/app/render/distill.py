@@ -65,6 +65,16 @@ def agreement_text(agreement: tuple[float, ...] | None) -> str:
     return "agree " + " ".join(f"{a:.2f}" for a in agreement)
 
 
+def pace_text(report: TrainProgress) -> str:
+    """Tokens a second of training, and the share of its time that went to the
+    target's features (where a step's time goes)."""
+    if report.seconds <= 0:
+        return "starting"
+    rate = report.tokens / report.seconds
+    share = report.feature_seconds / report.seconds
+    return f"{rate:,.0f} tokens/s, {share:.0%} on features"
+
+
 class DistillLines:
     """Off a terminal: a line per data report, and a training line every twentieth
     of the time budget and whenever the agreement was measured."""
@@ -90,7 +100,8 @@ class DistillLines:
         self.console.print(
             Text(
                 f"  training: {report.seconds / 60:.1f}/{report.budget_seconds / 60:.3g} min,"
-                f" {report.tokens} tokens{loss} {agreement_text(report.agreement)}",
+                f" {report.tokens} tokens ({pace_text(report)}){loss}"
+                f" {agreement_text(report.agreement)}",
                 style="dim",
             )
         )
@@ -137,7 +148,7 @@ class DistillBars:
         self.bars.update(
             self.task("training (s)", report.budget_seconds),
             completed=min(report.seconds, report.budget_seconds),
-            detail=f"{loss}{self.agreement}",
+            detail=f"{pace_text(report)}  {loss}{self.agreement}",
         )
 
 
