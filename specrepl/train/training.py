@@ -413,6 +413,11 @@ def _train(
         return _learning_rate(settings, used()) * ramp
 
     features_before = features.seconds  # the held-back records' are not training time
+
+    def report(loss: float, agreement: tuple[float, ...] | None) -> TrainProgress:
+        spent = features.seconds - features_before
+        return TrainProgress(at.seconds, budget, at.tokens, at.steps, loss, agreement, spent)
+
     last_checkpoint = time.perf_counter()
     next_evaluation = 0.0  # training seconds: held-back checks take at most a tenth of the time
     agreement: tuple[float, ...] = ()
@@ -443,18 +448,7 @@ def _train(
                     spent = time.perf_counter() - evaluation_began
                     next_evaluation = at.seconds + EVALUATION_SHARE_INVERSE * spent
                 if progress is not None:
-                    shown = float(loss.detach())
-                    progress(
-                        TrainProgress(
-                            at.seconds,
-                            budget,
-                            at.tokens,
-                            at.steps,
-                            shown,
-                            measured,
-                            features.seconds - features_before,
-                        )
-                    )
+                    progress(report(float(loss.detach()), measured))
                 if time.perf_counter() - last_checkpoint >= settings.checkpoint_seconds:
                     store.save(head, optimizer, at, agreement)
                     last_checkpoint = time.perf_counter()
@@ -466,15 +460,5 @@ def _train(
     agreement = evaluate_head(head, held_back, settings, dtype)
     store.save(head, optimizer, at, agreement)
     if progress is not None:
-        progress(
-            TrainProgress(
-                at.seconds,
-                budget,
-                at.tokens,
-                at.steps,
-                math.nan,
-                agreement,
-                features.seconds - features_before,
-            )
-        )
+        progress(report(math.nan, agreement))
     return TrainState(head.eval(), at.seconds, at.tokens, at.steps, agreement, False)
