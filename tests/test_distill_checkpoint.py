@@ -202,6 +202,16 @@ def test_training_can_start_from_a_saved_head(target, tmp_path: Path) -> None:
     resumed = train(target, data, checkpoint, tokens=200)
     assert resumed.resumed and resumed.steps > 0
     assert torch.equal(resumed.head.token_ids.cpu(), trained.token_ids.cpu())
+    # the head's origin and the sitting outlive the checkpoint's saves, for head.json
+    kept_json = json.loads((checkpoint / CHECKPOINT_JSON).read_text())
+    assert kept_json["started_from"] == "first" and len(kept_json["sessions"]) == 1
+    assert resumed.history == {k: kept_json[k] for k in ("started_from", "sessions")}
+    assert resumed.history["sessions"][0]["steps"] == resumed.steps
+    # a sitting with nothing left to train (the budget used) adds no session
+    again = train(target, data, checkpoint, tokens=200)
+    assert again.steps == resumed.steps and len(again.history["sessions"]) == 1
+    after = json.loads((checkpoint / CHECKPOINT_JSON).read_text())
+    assert after["sessions"] == kept_json["sessions"]
 
 
 def test_from_head_refusals_reach_the_command_line(tmp_path: Path, capsys) -> None:

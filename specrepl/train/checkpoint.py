@@ -302,8 +302,16 @@ class CommittedCheckpoint:
         self.settings = settings
         self.records = records  # training_records, held_back_records, held_back_every
         self.sessions = list(saved.description.get("sessions", [])) if saved else []
+        self.started_from = saved.description.get("started_from") if saved else None
         self.session = {"cpu": cpu_model(), "date": "", "seconds": 0.0, "steps": 0}
         self.start = Position()
+
+    def history(self) -> dict[str, Any]:
+        """Where the weights came from and every sitting that trained them
+        (the one running now included once it took a step), for head.json."""
+        sessions = [*self.sessions, dict(self.session)] if self.session["steps"] else self.sessions
+        started = {"started_from": self.started_from} if self.started_from else {}
+        return {**started, "sessions": sessions}
 
     def resume(
         self,
@@ -357,6 +365,6 @@ class CommittedCheckpoint:
                 **self.records,
                 "held_back_agreement": [round(a, 4) for a in agreement],
             },
-            "sessions": [*self.sessions, dict(self.session)],
+            **self.history(),  # a sitting that took no step is not one
         }
         write_checkpoint(self.directory, head, description)

@@ -326,6 +326,7 @@ def distill(
             "seconds": round(state.seconds, 1),
             "tokens": state.tokens,
             "steps": state.steps,
+            **state.history,
         },
         "data_seconds": round(data_seconds, 1),
         "held_back_agreement": [round(a, 4) for a in state.agreement],

@@ -33,7 +33,7 @@ import random
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -121,6 +121,7 @@ class TrainState:
     steps: int
     agreement: tuple[float, ...]
     resumed: bool
+    history: dict[str, Any] = field(default_factory=dict)  # a committed checkpoint's sittings
 
 
 def choose_draft_vocabulary(
@@ -381,6 +382,8 @@ def train_head(
         restart_steps,
     )
     state.resumed = resumed_at is not None
+    if isinstance(store, CommittedCheckpoint):
+        state.history = store.history()
     return state
 
 
