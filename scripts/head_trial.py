@@ -158,14 +158,18 @@ def held_back(data_directory: Path, shards: range, count: int, heads: list[Path]
         f" {answer_tokens} answer tokens",
         flush=True,
     )
-    features = target_features(target, [r["ids"] for r in chosen], pad_id=0)
-    records = [{**r, "features": f} for r, f in zip(chosen, features, strict=True)]
     settings = TrainSettings(depth=4, batch_sequences=8)
+    with_features: dict[tuple[int, ...], list[dict]] = {}  # by the layers a head fuses
     for directory in heads:
         head, _ = load_head(directory, target)
-        if head.config.fused_layers:
-            raise SystemExit(f"{directory}: held-back reads the final layer only")
-        agreement = evaluate_head(head.float(), records, settings, torch.float32)
+        layers = tuple(head.config.fused_layers)
+        if layers not in with_features:
+            ids = [r["ids"] for r in chosen]
+            features = target_features(target, ids, pad_id=0, feature_layers=layers)
+            with_features[layers] = [
+                {**r, "features": f} for r, f in zip(chosen, features, strict=True)
+            ]
+        agreement = evaluate_head(head.float(), with_features[layers], settings, torch.float32)
         print(directory, [round(a, 3) for a in agreement], flush=True)
 
 
