@@ -168,6 +168,11 @@ def test_the_refusal_reaches_the_command_line(
     assert "holdsdatawrittenbyanothertarget" in said and "Traceback" not in said
     assert cli.main([*model, str(tmp_path / "model4"), "distill", "--data-only"]) == 2
     assert "--data-onlyneeds--dataDIR" in "".join(capsys.readouterr().err.split())
+    bad = ["distill", "--data", str(directory), "--batch-sequences", "-1", "--out", "h"]
+    assert cli.main([*model, str(tmp_path / "model4"), *bad]) == 2
+    assert "--batch-sequencesmustbeatleast1(or0:bydevice)" in "".join(
+        capsys.readouterr().err.split()
+    )
 
 
 @pytest.fixture(scope="module")

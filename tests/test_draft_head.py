@@ -242,6 +242,7 @@ def test_distill_command_trains_writes_and_resumes(tmp_path) -> None:
     assert description["draft_vocab"] == 20
     assert description["data"]["prompt_count"] >= 1
     assert len(description["held_back_agreement"]) == 2
+    assert description["training"]["batch_sequences"] == 1  # by device: one answer a step on a CPU
     assert (work / "prompts.jsonl").exists() and (work / "checkpoint.pt").exists()
     target = tiny_llama(32, seed=4)
     load_head(out, target)  # made for this target

@@ -28,6 +28,7 @@ import copy
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
+from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Protocol
@@ -58,7 +59,7 @@ from specrepl.train.options import (
 )
 from specrepl.train.prompts import PROMPT_SOURCE, make_prompts
 from specrepl.train.shards import DataRefused, DataSummary, TokenData
-from specrepl.train.training import TrainProgress, train_head
+from specrepl.train.training import TrainProgress, batch_sequences_for, train_head
 from specrepl.version import __version__
 
 __all__ = [
@@ -282,6 +283,9 @@ def distill(
     """Run every stage; returns the head's description (also in its head.json)."""
     say = on_message or (lambda message: None)
     target = pair.target.model
+    if not options.train.batch_sequences:  # 0: by the device the target is on
+        per_step = batch_sequences_for(next(target.parameters()).device)
+        options = replace(options, train=replace(options.train, batch_sequences=per_step))
     options.work.mkdir(parents=True, exist_ok=True)
     began = time.perf_counter()
     make = _cache_data if options.data is None else _directory_data

@@ -183,10 +183,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--batch-sequences",
         type=int,
-        default=TRAIN.batch_sequences,
+        default=0,
         metavar="N",
-        help=f"answers per training step (default {TRAIN.batch_sequences}: more steps in the"
-        " same time)",
+        help="answers per training step (default: 1 on a CPU, more steps in the same time;"
+        " 64 on a GPU, where a step of 64 costs little more than one)",
     )
     parser.add_argument(
         "--distill-seed",
@@ -225,16 +225,17 @@ def check_arguments(args: argparse.Namespace) -> None:
         ("--answer-tokens", args.answer_tokens, 1),
         ("--draft-vocab", args.draft_vocab, 2),
         ("--depth", args.depth, 1),
-        ("--batch-sequences", args.batch_sequences, 1),
         ("--head-layers", args.head_layers, 1),
     )
     for flag, value, low in checks:
         if value < low:
             raise ValueError(f"{flag} must be at least {low}, got {value}")
-    if args.answer_batch < 0:
-        raise ValueError(
-            f"--answer-batch must be at least 1 (or 0: by device), got {args.answer_batch}"
-        )
+    for flag, value in (
+        ("--answer-batch", args.answer_batch),
+        ("--batch-sequences", args.batch_sequences),
+    ):
+        if value < 0:
+            raise ValueError(f"{flag} must be at least 1 (or 0: by device), got {value}")
     if not args.minutes > 0:
         raise ValueError(f"--minutes must be > 0, got {args.minutes}")
     if not 0 < args.learning_rate < 1:

@@ -58,6 +58,7 @@ __all__ = [
     "TrainProgress",
     "TrainSettings",
     "TrainState",
+    "batch_sequences_for",
     "choose_draft_vocabulary",
     "evaluate_head",
     "held_back_every",
@@ -140,6 +141,14 @@ def choose_draft_vocabulary(
         used = set(chosen)
         chosen += [t for t in range(vocab_size) if t not in used][: size - len(chosen)]
     return torch.tensor(sorted(chosen), dtype=torch.long)
+
+
+def batch_sequences_for(device: torch.device) -> int:
+    """Answers per training step by default: 1 on a CPU, where a step's time
+    grows with its rows and more steps in the same time learn more; 64 on a
+    GPU, where a step of 64 answers costs little more than one (about 125,000
+    tokens a second on an H200 against a few thousand one answer at a time)."""
+    return 1 if device.type == "cpu" else 64
 
 
 def _batch(
