@@ -188,3 +188,72 @@ class CountingLlama:
             object.__setattr__(self, name, value)
         else:
             setattr(self.inner, name, value)
+
+
+def law_after(
+    target: Any, processor: Any, ids: list[int], length: int
+) -> dict[tuple[int, ...], float]:
+    """The exact joint law of the `length` tokens `target` samples after `ids`
+    under `processor` (every branch enumerated: keep the processor's support
+    small, e.g. top-3)."""
+    law: dict[tuple[int, ...], float] = {(): 1.0}
+    with torch.no_grad():
+        for _ in range(length):
+            longer = {}
+            for prefix, chance in law.items():
+                logits = target(input_ids=torch.tensor([[*ids, *prefix]])).logits[0, -1]
+                probs = processor.probabilities(logits)
+                for token in torch.nonzero(probs).flatten().tolist():
+                    longer[(*prefix, token)] = chance * float(probs[token])
+            law = longer
+    return law
+
+
+def distance_from_law(
+    counts: dict[tuple[int, ...], int], law: dict[tuple[int, ...], float]
+) -> tuple[float, float]:
+    """(chi-square p-value, total variation) of sampled `counts` against `law`;
+    outcomes expected fewer than 5 times are pooled into one bin."""
+    from scipy import stats  # a test dependency only
+
+    samples = sum(counts.values())
+    total = sum(law.values())
+    rare = [o for o in law if law[o] * samples / total < 5]
+    bins = [[o] for o in sorted(law) if o not in rare] + ([rare] if rare else [])
+    observed = [sum(counts.get(o, 0) for o in group) for group in bins]
+    expected = [sum(law[o] for o in group) * samples / total for group in bins]
+    total_variation = 0.5 * sum(
+        abs(c - e) / samples for c, e in zip(observed, expected, strict=True)
+    )
+    return float(stats.chisquare(observed, expected).pvalue), total_variation
+
+
+def assert_speculative_sampling_is_exact(
+    target: Any, drafter: Any, ids: list[int], processor: Any, options: dict[str, Any]
+) -> None:
+    """Sample the 3 tokens after `ids` 800 times by speculative decoding
+    (gamma 2, the target's prompt kept in a prompt cache, a seeded generator)
+    and assert that they follow the target's exact law under `processor`
+    (chi-square p > 1e-3, total variation < 0.08), having drafted often
+    enough to test something (some drafts accepted, some rejected). Keep the
+    processor's support small (top-3: 27 outcomes)."""
+    from specrepl.engine.generation import speculative_generate
+    from specrepl.engine.prompt_cache import PromptCache
+
+    law = law_after(target, processor, ids, 3)
+    kept = PromptCache()
+    generator = torch.Generator().manual_seed(0)
+    counts: dict[tuple[int, ...], int] = {}
+    accepted = drafted = 0
+    for _ in range(800):
+        result = speculative_generate(
+            ids, drafter, target, logits_processor=processor, gamma=2, max_gen_len=3,
+            generator=generator, prompt_cache=kept, **options,
+        )  # fmt: skip
+        key = tuple(result.token_ids)
+        counts[key] = counts.get(key, 0) + 1
+        accepted, drafted = accepted + result.accepted, drafted + result.drafted
+    assert set(counts) <= set(law), "an outcome the target's law does not allow"
+    assert 0.05 < accepted / drafted < 0.98, "drafts must be rejected sometimes to test much"
+    p_value, total_variation = distance_from_law(counts, law)
+    assert p_value > 1e-3 and total_variation < 0.08, (p_value, total_variation)

@@ -165,6 +165,24 @@ def test_shipped_head_reaches_its_stated_acceptance(embedded_pair, shipped_head)
     assert first_taken / first_tried >= SHIPPED_HEAD_FIRST_DRAFT_ACCEPTANCE
 
 
+def test_sampling_with_the_shipped_head_follows_the_targets_exact_law(
+    embedded_pair, shipped_head
+) -> None:
+    """Three sampled tokens under top-3 at temperature 2 (27 outcomes; the last
+    two from a step the head drafted for): the speculative samples against the
+    law enumerated from the target."""
+    from specrepl.engine.processors import TopKProcessor
+    from specrepl.testing import assert_speculative_sampling_is_exact
+
+    pair = embedded_pair
+    head, _ = shipped_head
+    processor = TopKProcessor(temperature=2.0, top_k=3)
+    ids = chat_ids(pair, "Pick a random word.")
+    drafter = HeadDrafter(head, keep_between_prompts=True)  # keeps what it read of the prompt
+    options = pair.generation_options(use_cache=True)
+    assert_speculative_sampling_is_exact(pair.target.model, drafter, ids, processor, options)
+
+
 # -- a chat that keeps its caches (the embedded pair) ----------------------------------
 
 CHAT_TURNS = (

@@ -19,7 +19,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from scipy import stats
 
 import specrepl.engine.drafters.runtime as runtime_choice
 import specrepl.engine.llamacpp as llamacpp
@@ -39,7 +38,7 @@ from specrepl.models.embedded import embedded_gguf_path
 from specrepl.models.pair import ModelPair
 from specrepl.models.prompting import prompt_ids
 from specrepl.store import paths
-from specrepl.testing import CountingLlama
+from specrepl.testing import CountingLlama, assert_speculative_sampling_is_exact
 
 HAS_LLAMA_CPP = importlib.util.find_spec("llama_cpp") is not None
 REQUIRED = os.environ.get("SPECREPL_REQUIRE_LLAMACPP") == "1"
@@ -136,21 +135,6 @@ def test_drafts_stop_at_the_end_of_llamas_context(embedded_pair: ModelPair) -> N
     assert len(drafter.propose(torch.arange(end + 5), 8, GreedyProcessor(), None)) == 0
 
 
-def _law(target, processor, ids: list[int], length: int) -> dict[tuple[int, ...], float]:
-    """The exact joint law of the next `length` tokens under `processor`."""
-    law: dict[tuple[int, ...], float] = {(): 1.0}
-    with torch.no_grad():
-        for _ in range(length):
-            longer = {}
-            for prefix, chance in law.items():
-                logits = target(input_ids=torch.tensor([[*ids, *prefix]])).logits[0, -1]
-                probs = processor.probabilities(logits)
-                for token in torch.nonzero(probs).flatten().tolist():
-                    longer[(*prefix, token)] = chance * float(probs[token])
-            law = longer
-    return law
-
-
 def test_sampling_follows_the_targets_exact_law(embedded_pair: ModelPair, llama) -> None:
     """Three sampled tokens under top-3 at temperature 2 (27 outcomes; the first
     comes from the target's prompt pass, the next two from a drafted step): the
@@ -158,37 +142,10 @@ def test_sampling_follows_the_targets_exact_law(embedded_pair: ModelPair, llama)
     target = embedded_pair.target.model
     processor = TopKProcessor(temperature=2.0, top_k=3)
     ids = ids_of(embedded_pair, "Pick a random word.")
-    law = _law(target, processor, ids, 3)
-    assert len(law) == 27
     # both sides read the prompt once: llama.cpp keeps it, the target's cache is kept
     drafter = LlamaCppDrafter(llama, keep_between_prompts=True)
-    kept = PromptCache()
-    generator = torch.Generator().manual_seed(0)
-    samples = 800
-    counts: dict[tuple[int, ...], int] = {}
-    accepted = drafted = 0
     options = embedded_pair.generation_options(use_cache=True)
-    for _ in range(samples):
-        result = speculative_generate(
-            ids, drafter, target, logits_processor=processor, gamma=2, max_gen_len=3,
-            generator=generator, prompt_cache=kept, **options,
-        )  # fmt: skip
-        key = tuple(result.token_ids)
-        counts[key] = counts.get(key, 0) + 1
-        accepted, drafted = accepted + result.accepted, drafted + result.drafted
-    assert set(counts) <= set(law)
-    assert 0.05 < accepted / drafted < 0.98, "drafts must be rejected sometimes to test much"
-    total = sum(law.values())
-    # outcomes expected fewer than 5 times are pooled into one bin
-    rare = [o for o in law if law[o] * samples / total < 5]
-    bins = [[o] for o in sorted(law) if o not in rare] + ([rare] if rare else [])
-    observed = [sum(counts.get(o, 0) for o in group) for group in bins]
-    expected = [sum(law[o] for o in group) * samples / total for group in bins]
-    assert stats.chisquare(observed, expected).pvalue > 1e-3
-    total_variation = 0.5 * sum(
-        abs(c / samples - e / samples) for c, e in zip(observed, expected, strict=True)
-    )
-    assert total_variation < 0.08
+    assert_speculative_sampling_is_exact(target, drafter, ids, processor, options)
 
 
 def test_torch_is_kept_when_asked_or_when_there_is_no_gguf_file(pair: ModelPair) -> None:
