@@ -95,9 +95,9 @@ HEAD_PROMPTS = (
 )
 # docs/draft-heads.md states the shipped head's figures; this is the floor the test holds it to
 # (first-draft acceptance, greedy, fixed gamma 4, 48 new tokens per prompt, pooled).
-# The head of 2026-11-23 measured 0.28 here; the one of 2026-11-26 accepts 45% of first
-# drafts on the dev prompts.
-SHIPPED_HEAD_FIRST_DRAFT_ACCEPTANCE = 0.2
+# The head of 2026-11-23 measured 0.28 here; the fused head of 2026-11-26 measures 0.554
+# (41 of 74, AMD EPYC family 25 model 17) and accepts 59% of first drafts on the dev prompts.
+SHIPPED_HEAD_FIRST_DRAFT_ACCEPTANCE = 0.4
 
 
 @pytest.fixture(scope="module")
