@@ -18,10 +18,17 @@ from specrepl.app import cli
 from specrepl.engine.drafters.head_store import target_fingerprint
 from specrepl.models.pair import ModelPair
 from specrepl.testing import interrupt_on_call, tiny_llama, tiny_tokenizer
-from specrepl.train.accumulate import AnswerRecipe, accumulate_answers, rate_and_time_left
+from specrepl.train.accumulate import (
+    AnswerRecipe,
+    _document_prompts,
+    accumulate_answers,
+    earlier_answers,
+    rate_and_time_left,
+)
 from specrepl.train.data import batched_generate
 from specrepl.train.distill import open_data
 from specrepl.train.features import FeatureSource, forward_batch_for
+from specrepl.train.prompts import DOCUMENT_TASKS
 from specrepl.train.shards import (
     MANIFEST,
     VERSION,
@@ -308,3 +315,61 @@ def test_features_on_the_cpu_stay_on_the_cpu_and_are_timed() -> None:
     chosen = source.with_features(records)
     assert all(r["features"].device.type == "cpu" for r in chosen)
     assert source.seconds > 0.0
+
+
+def test_document_prompts_hand_the_target_texts_it_wrote() -> None:
+    """A share of a shard's prompts: a task of DOCUMENT_TASKS over one earlier
+    answer (two or three for a task that names documents), drawn with the
+    shard's seed; none without documents or at share 0."""
+    documents = [f"document {chr(65 + i)} says this. " * 4 for i in range(10)]
+    recipe = AnswerRecipe(shard_records=16, document_share=0.25)
+
+    def encode(text: str) -> list[int]:
+        return list(text.encode())
+
+    seen: set[bytes] = set()
+    prompts = _document_prompts(recipe, 7, documents, encode=encode, seen=seen)
+    assert len(prompts) == 4 and len(seen) == 4
+    for prompt in prompts:
+        task, _, body = bytes(prompt).decode().partition("\n\n")
+        assert task in DOCUMENT_TASKS
+        named = [d for d in documents if d in body]
+        assert len(named) == 1 if "documents" not in task else len(named) in (2, 3)
+    assert _document_prompts(recipe, 7, documents, encode=encode, seen=set()) == prompts
+    assert _document_prompts(recipe, 8, documents, encode=encode, seen=set()) != prompts
+    assert _document_prompts(recipe, 7, documents[:2], encode=encode, seen=set()) == []
+    none = AnswerRecipe(shard_records=16)
+    assert _document_prompts(none, 7, documents, encode=encode, seen=set()) == []
+
+
+def test_shards_record_their_prompts_with_a_document(pair: ModelPair, tmp_path: Path) -> None:
+    """Earlier answers that ended become the documents of the next shard's
+    prompts; the shard records how many of its prompts hold one."""
+    end = pair.eos_token_ids[0]
+    data = open_data(pair, tmp_path / "data")
+    answers = [np.array([7, 8, *([9 + i % 20] * 40), end]) for i in range(4)]
+    answers.append(np.array([7, 8, *([12] * 40)]))  # cut short: not a document
+    append(data, [TokenRecord(ids, 2) for ids in answers])
+    texts = earlier_answers(data, pair.tokenizer, pair.eos_token_ids)
+    assert len(texts) == 4 and texts[0] == pair.tokenizer.decode([9] * 40)
+
+    def encode(text: str) -> list[int]:
+        return pair.tokenizer.apply_chat_template(
+            [{"role": "user", "content": text}], add_generation_prompt=True, return_dict=False
+        )
+
+    recipe = AnswerRecipe(
+        max_new_tokens=8, shard_records=8, answer_batch=4, prompt_batch=8, document_share=0.5
+    )
+    accumulate_answers(
+        pair.target.model,
+        pair.tokenizer,
+        data,
+        token_budget=data.summary().answer_tokens + 1,
+        recipe=recipe,
+        encode=encode,
+        end_tokens=pair.eos_token_ids,
+        pad_id=0,
+    )
+    written = open_data(pair, tmp_path / "data").shards[-1].recipe
+    assert written["document_prompts"] == 4 and "DOCUMENT_TASKS" in written["documents"]

@@ -149,6 +149,7 @@ def write_data(
         max_new_tokens=options.max_new_tokens,
         writer_dtype=writer_dtype,
         seed=options.seed,
+        document_share=options.document_share,
     )
     accumulate_answers(
         writer,

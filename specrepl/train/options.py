@@ -33,6 +33,9 @@ class DistillOptions:
     writer_dtype: str = "auto"
     answer_batch: int = 0
     """Answers written at once; 0: by device (`accumulate.answer_batch_for`)."""
+    document_share: float = 0.25
+    """With `data`: the share of a new shard's prompts that hand the target a
+    text it wrote earlier (long inputs; `prompts.DOCUMENT_TASKS`)."""
     seed: int = 0
     train: TrainSettings = field(default_factory=TrainSettings)
     data: Path | None = None
@@ -136,6 +139,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         " a shard holds twice as many)",
     )
     parser.add_argument(
+        "--document-share",
+        type=float,
+        default=DistillOptions.document_share,
+        metavar="X",
+        help="with --data: the share of a new shard's prompts that hand the target a text it"
+        " wrote earlier, with a task (summarize, answer from it, extract, ...): long inputs"
+        f" (default {DistillOptions.document_share}; 0: none)",
+    )
+    parser.add_argument(
         "--minutes",
         type=float,
         default=TRAIN.max_minutes,
@@ -236,6 +248,8 @@ def check_arguments(args: argparse.Namespace) -> None:
     ):
         if value < 0:
             raise ValueError(f"{flag} must be at least 1 (or 0: by device), got {value}")
+    if not 0 <= args.document_share < 1:
+        raise ValueError(f"--document-share must be in [0, 1), got {args.document_share}")
     if not args.minutes > 0:
         raise ValueError(f"--minutes must be > 0, got {args.minutes}")
     if not 0 < args.learning_rate < 1:
@@ -264,6 +278,7 @@ def options_from_args(args: argparse.Namespace, default_work: Path) -> DistillOp
         max_new_tokens=args.answer_tokens,
         writer_dtype=args.writer_dtype,
         answer_batch=args.answer_batch,
+        document_share=args.document_share,
         seed=args.distill_seed,
         train=train,
         data=args.data,

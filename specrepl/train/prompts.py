@@ -23,7 +23,16 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from specrepl.train.data import DataProgress, ProgressCallback, batched_generate
 
-__all__ = ["OPENERS", "PROMPT_SOURCE", "make_prompts", "read_prompts", "write_prompt_batch"]
+__all__ = [
+    "DOCUMENT_SOURCE",
+    "DOCUMENT_TASKS",
+    "OPENERS",
+    "PROMPT_SOURCE",
+    "document_prompt",
+    "make_prompts",
+    "read_prompts",
+    "write_prompt_batch",
+]
 
 PROMPT_SOURCE = (
     "written by the target itself (Magpie-style: the chat template up to a user turn, an opener"
@@ -99,6 +108,42 @@ OPENERS: tuple[str, ...] = (
     "Give me tips",
     "What are the benefits of",
 )
+
+
+DOCUMENT_SOURCE = (
+    "a task from specrepl.train.prompts.DOCUMENT_TASKS over one to three answers the target"
+    " wrote earlier in the same data directory (long inputs: summaries, questions on a text,"
+    " extraction, rewriting)"
+)
+"""How prompts with a document are made, as data records it."""
+
+# What people ask of a text they paste. The text is one or more answers the
+# target wrote earlier, so nothing outside the data directory is read.
+DOCUMENT_TASKS: tuple[str, ...] = (
+    "Summarize the following text.",
+    "Summarize the text below in two sentences.",
+    "What is the main point of this text?",
+    "List the key facts in the text below.",
+    "Answer using only the text below: what is it about, and why does it matter?",
+    "Extract every name, number and date from this text.",
+    "Rewrite the following text in simpler words.",
+    "Write a title and a one-line description for this text.",
+    "Turn the text below into a bulleted list.",
+    "What questions does this text leave open?",
+    "Translate the first two sentences of this text into French.",
+    "Continue the text below with one more paragraph.",
+    "Compare the documents below: what do they have in common?",
+    "Using the documents below, write a short answer to their common question.",
+)
+
+
+def document_prompt(task: str, documents: Sequence[str]) -> str:
+    """A user message that hands the target a text: the task, then the text
+    (several are numbered, as a retrieval prompt gives them)."""
+    if len(documents) == 1:
+        return f"{task}\n\n{documents[0]}"
+    body = "\n\n".join(f"Document {i}:\n{text}" for i, text in enumerate(documents, start=1))
+    return f"{task}\n\n{body}"
 
 
 def _user_turn_prefix(tokenizer: PreTrainedTokenizerBase, system: str | None) -> tuple[str, str]:
