@@ -244,6 +244,37 @@ def test_first_draft_acceptance_and_draft_cost_per_target_step() -> None:
     assert summary["target"].first_draft_acceptance is None
 
 
+def test_first_draft_acceptance_is_told_apart_by_draft_source() -> None:
+    """A hybrid's steps drafted by prompt lookup and by its head are counted
+    apart, pooled over prompts, with each source's share of drafting steps."""
+    from dataclasses import replace
+
+    from specrepl.measure.bench.markdown import format_sources
+
+    def step(source: str, gamma: int, accepted: int) -> StepEvent:
+        return replace(_step(gamma, accepted, 0.01, 0.1), source=source)
+
+    one = [step("lookup", 4, 4), step("head", 3, 0), step("head", 3, 2), step("", 0, 0)]
+    two = [step("head", 2, 1), step("lookup", 4, 0)]
+    runs = [
+        MethodRun("speculative", [1] * 9, 1.0, steps=4, drafted=10, accepted=6, events=one),
+        MethodRun("speculative", [1] * 3, 1.0, steps=2, drafted=6, accepted=1, events=two),
+    ]
+    assert runs[0].first_drafts_by_source == {"lookup": (1, 1), "head": (1, 2)}
+    target = MethodRun("target", [1] * 5, 1.3, steps=5, events=[_step(0, 0, 0.0, 0.1)] * 5)
+    assert target.first_drafts_by_source is None
+    summary = summarize(
+        [_record("a", {"target": target, "speculative": run}) for run in runs],
+        [_method("target"), _method("speculative")],
+    )["overall"]["speculative"]
+    assert summary.first_draft_acceptance_by_source == {
+        "head": pytest.approx(2 / 3),
+        "lookup": pytest.approx(1 / 2),
+    }
+    assert summary.drafting_steps_by_source == {"head": 0.6, "lookup": 0.4}
+    assert format_sources(summary.first_draft_acceptance_by_source) == "head 67% lookup 50%"
+
+
 def test_acceptance_by_draft_position_counts_only_positions_reached(monkeypatch) -> None:
     # (gamma, accepted): position 2 is tried only where draft 1 was accepted
     steps = [_step(3, 0, 0.01, 0.1), _step(3, 2, 0.01, 0.1), _step(3, 3, 0.01, 0.1)]

@@ -198,6 +198,19 @@ class MethodRun(TimedTokens):
         return sum(1 for event in drafted if event.accepted > 0), len(drafted)
 
     @property
+    def first_drafts_by_source(self) -> dict[str, tuple[int, int]] | None:
+        """`first_drafts` for each draft source ("lookup", "head", "model",
+        ...): a hybrid's sources are told apart."""
+        if self.drafted is None:
+            return None
+        counts: dict[str, tuple[int, int]] = {}
+        for event in self.events:
+            if event.gamma > 0:
+                taken, tried = counts.get(event.source or "drafter", (0, 0))
+                counts[event.source or "drafter"] = (taken + (event.accepted > 0), tried + 1)
+        return counts
+
+    @property
     def position_drafts(self) -> list[tuple[int, int]] | None:
         """Per draft position j (1, 2, ...): (steps whose draft j was accepted,
         steps that drafted j tokens or more and accepted the j - 1 before it)."""
@@ -287,6 +300,7 @@ class MethodRun(TimedTokens):
             "measured_over_predicted": self.measured_over_predicted,
             "first_drafts_accepted": None if self.first_drafts is None else self.first_drafts[0],
             "first_drafts": None if self.first_drafts is None else self.first_drafts[1],
+            "first_drafts_by_source": self.first_drafts_by_source,
             "position_drafts": self.position_drafts,
             "seconds_per_draft": self.seconds_per_draft,
             "target_step_seconds": self.target_step_seconds,

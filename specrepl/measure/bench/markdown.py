@@ -76,6 +76,14 @@ def format_positions(shares: Sequence[float] | None, shown: int = 6) -> str:
     return text + (" …" if len(shares) > shown else "")
 
 
+def format_sources(shares: dict[str, float] | None) -> str:
+    """First-draft acceptance by draft source as 'head 55% lookup 80%'; a
+    drafter of one source shows its one figure."""
+    if not shares:
+        return DASH
+    return " ".join(f"{source} {100 * share:.0f}%" for source, share in shares.items())
+
+
 def format_percent(value: float | None) -> str:
     return DASH if value is None else f"{100 * value:.0f}%"
 
@@ -107,6 +115,7 @@ TIME_FIGURES: tuple[tuple[str, Figure], ...] = (
     ("γ0 steps", lambda s: format_percent(s.get("fallback_share"))),
     ("no-draft steps", lambda s: format_percent(s.get("empty_draft_share"))),
     ("1st draft", lambda s: format_percent(s.get("first_draft_acceptance"))),
+    ("1st draft by source", lambda s: format_sources(s.get("first_draft_acceptance_by_source"))),
     ("draft ÷ target", lambda s: format_number(s.get("draft_cost_vs_target"), 3)),
     ("by position", lambda s: format_positions(s.get("acceptance_by_position"))),
 )

@@ -58,12 +58,33 @@ class MethodSummary:
     """Pooled share of steps where the drafter had nothing to propose."""
     first_draft_acceptance: float | None = None
     """Pooled share of drafting steps whose first draft was accepted."""
+    first_draft_acceptance_by_source: dict[str, float] | None = None
+    """The same for each draft source (a hybrid's prompt lookup and its model
+    or head apart), with the share of drafting steps each source had."""
+    drafting_steps_by_source: dict[str, float] | None = None
     draft_cost_vs_target: float | None = None
     """Median over prompts of (drafter seconds per drafted token) / (seconds of
     one target-only forward pass)."""
     acceptance_by_position: tuple[float, ...] | None = None
     """Pooled share of draft j accepted where draft j was proposed and the
     ones before it accepted, for j = 1, 2, ... (positions tried 20 times or more)."""
+
+
+def _by_source(runs: list[MethodRun]) -> tuple[dict[str, float], dict[str, float]] | None:
+    """Pooled over `runs`: each source's first-draft acceptance and its share
+    of the drafting steps; None where nothing was drafted."""
+    pooled: dict[str, list[int]] = {}
+    for run in runs:
+        for source, (taken, tried) in (run.first_drafts_by_source or {}).items():
+            counts = pooled.setdefault(source, [0, 0])
+            counts[0] += taken
+            counts[1] += tried
+    steps = sum(tried for _, tried in pooled.values())
+    if not steps:
+        return None
+    acceptance = {source: taken / tried for source, (taken, tried) in sorted(pooled.items())}
+    shares = {source: tried / steps for source, (_, tried) in sorted(pooled.items())}
+    return acceptance, shares
 
 
 MIN_POSITION_TRIES = 20
@@ -109,6 +130,7 @@ def _summary(method: str, runs: list[MethodRun]) -> MethodSummary:
     firsts = [run.first_drafts for run in runs if run.first_drafts is not None]
     first_taken = sum(taken for taken, _ in firsts)
     first_tried = sum(tried for _, tried in firsts)
+    by_source = _by_source(runs)
     return MethodSummary(
         method=method,
         prompts=len(runs),
@@ -138,6 +160,8 @@ def _summary(method: str, runs: list[MethodRun]) -> MethodSummary:
             else None
         ),
         first_draft_acceptance=first_taken / first_tried if first_tried else None,
+        first_draft_acceptance_by_source=by_source[0] if by_source else None,
+        drafting_steps_by_source=by_source[1] if by_source else None,
         draft_cost_vs_target=_median(run.draft_cost_vs_target for run in runs),
         acceptance_by_position=_by_position(runs),
     )

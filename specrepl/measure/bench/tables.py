@@ -46,6 +46,7 @@ from specrepl.measure.bench.markdown import (
     format_number,
     format_percent,
     format_positions,
+    format_sources,
     format_times,
     prompt_row,
 )
@@ -124,16 +125,19 @@ def _summary_table(report: BenchReport, title: str, figures: dict[str, MethodSum
 
 def _add_acceptance_columns(table: Table) -> None:
     """The columns `_acceptance_cells` fills."""
-    for name in ("accept", "α", "tok/step", "predicted", "meas/pred"):
+    for name in ("accept", "α", "tok/step", "1st draft by source", "predicted", "meas/pred"):
         table.add_column(name, justify="right")
 
 
 def _acceptance_cells(summary: MethodSummary) -> list[str]:
-    """Acceptance, alpha, tokens per step, predicted and measured/predicted."""
+    """Acceptance, alpha, tokens per step, first-draft acceptance by source
+    (a hybrid's prompt lookup and its model or head apart), predicted and
+    measured/predicted."""
     return [
         format_percent(summary.acceptance),
         format_number(summary.alpha, 2),
         format_number(summary.mean_accepted_length, 2),
+        format_sources(summary.first_draft_acceptance_by_source),
         format_times(summary.predicted_speedup),
         format_number(summary.measured_over_predicted, 2),
     ]
