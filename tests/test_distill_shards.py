@@ -350,7 +350,7 @@ def test_shards_record_their_prompts_with_a_document(pair: ModelPair, tmp_path: 
     answers = [np.array([7, 8, *([9 + i % 20] * 40), end]) for i in range(4)]
     answers.append(np.array([7, 8, *([12] * 40)]))  # cut short: not a document
     append(data, [TokenRecord(ids, 2) for ids in answers])
-    texts = earlier_answers(data, pair.tokenizer, pair.eos_token_ids)
+    texts = earlier_answers(data.records(), pair.tokenizer, pair.eos_token_ids)
     assert len(texts) == 4 and texts[0] == pair.tokenizer.decode([9] * 40)
 
     def encode(text: str) -> list[int]:

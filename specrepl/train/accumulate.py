@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
@@ -219,20 +219,21 @@ def _document_prompts(
 
 
 def earlier_answers(
-    data: TokenData,
+    records: Iterable[TokenRecord],
     tokenizer: PreTrainedTokenizerBase,
     end_tokens: Sequence[int],
     *,
     limit: int = 4096,
     min_tokens: int = 32,
 ) -> list[str]:
-    """Up to `limit` answers already in `data` that ended (an end token) and
-    hold at least `min_tokens` tokens, as text: the documents of prompts that
-    hand the target a text. Drawn evenly over the directory, in its order."""
+    """Up to `limit` answers of `records` (those already in the directory)
+    that ended (an end token) and hold at least `min_tokens` tokens, as text:
+    the documents of prompts that hand the target a text. Drawn evenly over
+    the records, in their order."""
     ends = set(end_tokens)
     answers = [
         record.ids[record.prompt_length : -1]
-        for record in data.records()
+        for record in records
         if int(record.ids[-1]) in ends and len(record.ids) - record.prompt_length > min_tokens
     ]
     chosen = answers[:: max(1, len(answers) // limit)][:limit]
@@ -255,7 +256,8 @@ def accumulate_answers(
 ) -> DataSummary:
     """Append shards to `data` until it holds `token_budget` answer tokens (the
     shard that passes it is finished); returns what the directory holds."""
-    seen = {_prompt_key(record.ids[: record.prompt_length]) for record in data.records(on_message)}
+    held = list(data.records(on_message))  # grows by each shard written: read once
+    seen = {_prompt_key(record.ids[: record.prompt_length]) for record in held}
     start_tokens = tokens = data.summary().answer_tokens
     began = time.perf_counter()
 
@@ -271,8 +273,8 @@ def accumulate_answers(
     report()
     documents: list[str] = []
     while tokens < token_budget:
-        if recipe.document_share > 0:  # the answers there now, this shard's included
-            documents = earlier_answers(data, tokenizer, end_tokens)
+        if recipe.document_share > 0:  # the answers there now
+            documents = earlier_answers(held, tokenizer, end_tokens)
         number = int(data.next_file().removeprefix("shard-").removesuffix(".npz"))
         wall, cpu = time.perf_counter(), time.process_time()
         prompts, with_documents = _shard_prompts(
@@ -300,6 +302,7 @@ def accumulate_answers(
                 records.append(TokenRecord(ids.numpy(), length))
                 tokens += int(ids.shape[0]) - length
             report()
+        held.extend(records)
         data.append(
             records,
             recipe=recipe.as_record(number, with_documents),

@@ -192,10 +192,10 @@ class MethodRun(TimedTokens):
     @property
     def first_drafts(self) -> tuple[int, int] | None:
         """(steps whose first draft was accepted, steps with at least one draft)."""
-        if self.drafted is None:
+        by_source = self.first_drafts_by_source
+        if by_source is None:
             return None
-        drafted = [event for event in self.events if event.gamma > 0]
-        return sum(1 for event in drafted if event.accepted > 0), len(drafted)
+        return sum(t for t, _ in by_source.values()), sum(n for _, n in by_source.values())
 
     @property
     def first_drafts_by_source(self) -> dict[str, tuple[int, int]] | None:
