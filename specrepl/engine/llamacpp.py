@@ -28,7 +28,6 @@ import hashlib
 import importlib
 import importlib.metadata
 import importlib.util
-import json
 import os
 import signal
 import subprocess
@@ -38,7 +37,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from specrepl.store.atomic import write_text_atomically
+from specrepl.store.json_file import read_json_object, write_json_object
 from specrepl.store.paths import fingerprint, llamacpp_trials_file
 
 __all__ = [
@@ -135,20 +134,16 @@ def trial_problem(path: Path, *, threads: int = 1) -> str | None:
     if key in _TRIED:
         return _TRIED[key]
     store = llamacpp_trials_file()
-    stored = _read_trials(store).get(key)
+    stored = read_json_object(store).get(key)
     if isinstance(stored, dict) and isinstance(stored.get("ok"), bool):
         problem = None if stored["ok"] else str(stored.get("problem") or "it failed")
     else:
         problem, keep = _run_trial(path, threads)
         if not keep:
             return problem
-        trials = _read_trials(store)
+        trials = read_json_object(store)  # none yet, or damaged: tried again, written anew
         trials[key] = {"ok": problem is None, "problem": problem, "tried_at": time.time()}
-        try:
-            store.parent.mkdir(parents=True, exist_ok=True)
-            write_text_atomically(store, json.dumps(trials, indent=1))
-        except OSError:
-            pass  # a read-only cache: the trial runs again next time
+        write_json_object(store, trials)  # a read-only cache: the trial runs again next time
     _TRIED[key] = problem
     return problem
 
@@ -219,9 +214,3 @@ def _cpu_identity() -> str:
     )
 
 
-def _read_trials(store: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(store.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}  # none yet, or damaged: tried again and written anew
-    return data if isinstance(data, dict) else {}

@@ -38,6 +38,7 @@ from specrepl.engine.linear_forms import weight_first_rows
 
 __all__ = [
     "WidthPlan",
+    "cpu_identity",
     "cpu_model",
     "measure_plan",
     "measure_width_samples",
@@ -193,6 +194,25 @@ def cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine() or "unknown"
+
+
+def cpu_identity() -> str:
+    """The CPU's model name with its family and model numbers where the kernel
+    gives them (`AMD EPYC (family 25, model 17)`): one model name can cover
+    several generations, whose costs differ."""
+    numbers: dict[str, str] = {}
+    try:
+        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8").splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() in ("cpu family", "model") and key.strip() not in numbers:
+                numbers[key.strip()] = value.strip()
+            if not line.strip() and numbers:
+                break  # the first processor's block is enough
+    except OSError:
+        pass
+    if "cpu family" in numbers and "model" in numbers:
+        return f"{cpu_model()} (family {numbers['cpu family']}, model {numbers['model']})"
+    return cpu_model()
 
 
 def processor_name(device: torch.device) -> str:

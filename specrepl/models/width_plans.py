@@ -17,18 +17,17 @@ nothing about decoding, settings or the terminal.
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from specrepl.engine.widths import WidthPlan, cpu_model, measure_plan, plan_widths
+from specrepl.engine.widths import WidthPlan, cpu_identity, measure_plan, plan_widths
 from specrepl.models.loaded import LoadedModel
 from specrepl.models.pair import ModelPair
 from specrepl.models.tuning import allow_linear_forms
-from specrepl.store.atomic import write_text_atomically
+from specrepl.store.json_file import read_json_object, write_json_object
 
 __all__ = ["MAX_PLAN_AGE_DAYS", "NOISY_SPREAD", "tune_pair_widths"]
 
@@ -49,7 +48,7 @@ def tune_pair_widths(
     if drafter is not None and drafter.model is not pair.target.model:
         loaded["drafter"] = drafter
     max_width = max_gamma + 1
-    saved = _read_store(store) if store is not None else {}
+    saved = read_json_object(store) if store is not None else {}
     now = time.time()
     plans: dict[str, WidthPlan] = {}
     for role, model in loaded.items():
@@ -62,11 +61,7 @@ def tune_pair_widths(
         model.tuning.plan = plan
         plans[role] = plan
     if store is not None:
-        try:
-            store.parent.mkdir(parents=True, exist_ok=True)
-            write_text_atomically(store, json.dumps(saved, indent=1))
-        except OSError:
-            pass  # a read-only cache only costs a new measurement next time
+        write_json_object(store, saved)  # a read-only cache only costs measuring again
     return plans
 
 
@@ -97,20 +92,12 @@ def _plan_key(loaded: LoadedModel, max_width: int) -> str:
         str(loaded.quantization),
         str(loaded.parameters),
         str(loaded.device),
-        cpu_model(),
+        cpu_identity(),
         f"threads={torch.get_num_threads()}",
         f"torch={torch.__version__}",
         f"widths=1..{max_width}",
     )
     return " | ".join(parts)
-
-
-def _read_store(store: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(store.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
 
 
 def _stored_plan(entry: Any, now: float) -> WidthPlan | None:

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 import transformers
 
-from specrepl.engine.widths import cpu_model
+from specrepl.engine.widths import cpu_identity
 from specrepl.measure.bench.figures import HF_GENERATE, Method, MethodRun, PromptRecord
 from specrepl.measure.bench.options import BenchOptions
 from specrepl.measure.bench.prompts import BenchTurn
@@ -59,7 +59,7 @@ def machine_info(device: torch.device) -> dict[str, Any]:
     if device.type == "mps":
         gpu = "Apple MPS"
     return {
-        "cpu": cpu_model(),
+        "cpu": cpu_identity(),
         "logical_cpus": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "memory_gib": _memory_gib(),
