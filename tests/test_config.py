@@ -54,7 +54,12 @@ def test_default_config_is_the_embedded_pair() -> None:
     assert config.device == "auto"
     assert config.trust_remote_code is False
     assert config.settings == Settings().updated(
-        gamma=8, drafter_kind="hybrid", processor="greedy", max_new_tokens=128, chat=True
+        gamma=8,
+        drafter_kind="hybrid",
+        drafter_head="auto",
+        processor="greedy",
+        max_new_tokens=128,
+        chat=True,
     )
 
 

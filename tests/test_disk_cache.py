@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from specrepl.app import cli
-from specrepl.app.disk_cache import clear, stored_items
+from specrepl.app.disk_cache import KINDS, clear, stored_items
 from specrepl.models.gguf import MARKER, PARTIAL_PREFIX
 
 
@@ -31,6 +31,8 @@ def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
         "b": {"seconds": {"1": 0.01}, "measured_at": now - 90 * 86400, "spread": 0.01},
     }
     (root / "widths.json").write_text(json.dumps(plans))
+    choices = {"c": {"source": "head", "seconds": {"head": 1, "model": 2}, "measured_at": now}}
+    (root / "draft-choices.json").write_text(json.dumps(choices))
     run = root / "distill" / "f00d"
     run.mkdir(parents=True)
     (run / "prompts.jsonl").write_text('{"prompt": "a"}\n{"prompt": "b"}\n')
@@ -48,11 +50,12 @@ def states(kind: str) -> list[str]:
 
 def test_every_kind_is_listed_with_its_state(cache: Path) -> None:
     items = stored_items()
-    assert {item.kind for item in items} == {"models", "widths", "distill", "history", "llamacpp"}
+    assert {item.kind for item in items} == set(KINDS)
     models = {item.path.name: item for item in items if item.kind == "models"}
     assert not models["model-0123"].healthy and "damaged" in models["model-0123"].state
     assert "unfinished" in models[f"{PARTIAL_PREFIX}model-0123-x"].state
     assert states("widths") == ["2 plans, 1 to be measured again (older than 30 days or undated)"]
+    assert states("choices") == ["1 choice"]
     assert states("distill") == ["2 prompts, 1 answer shard"]
     assert states("history") == ["3 lines"]
     assert states("llamacpp") == [
@@ -78,7 +81,7 @@ def test_clear_removes_only_the_kinds_named(cache: Path) -> None:
     assert {item.kind for item in removed} == {"models", "widths"}
     assert not (cache / "widths.json").exists()
     assert list((cache / "gguf").iterdir()) == []
-    assert {item.kind for item in stored_items()} == {"distill", "history", "llamacpp"}
+    assert {item.kind for item in stored_items()} == {"choices", "distill", "history", "llamacpp"}
 
 
 def test_the_cache_command_lists_and_clears(
@@ -86,7 +89,7 @@ def test_the_cache_command_lists_and_clears(
 ) -> None:
     assert cli.main(["cache"]) == 0
     listing = capsys.readouterr().out
-    for word in ("models", "widths", "distill", "history", "llamacpp", "damaged", "total"):
+    for word in (*KINDS, "damaged", "total"):
         assert word in listing
     # without a terminal to ask on, clearing needs --yes, and nothing changes
     assert cli.main(["cache", "clear", "distill"]) == 2

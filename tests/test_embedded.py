@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from specrepl.chat.config import load_config
+from specrepl.chat.session import ChatSession
 from specrepl.engine.drafters.head import HeadDrafter
 from specrepl.engine.drafters.head_store import load_head, resolve_head, target_fingerprint
 from specrepl.engine.drafters.hybrid import HybridDrafter
@@ -12,6 +14,7 @@ from specrepl.engine.drafters.model import ModelDrafter
 from specrepl.engine.drafters.ngram import NgramDrafter
 from specrepl.engine.gamma import make_policy
 from specrepl.engine.generation import autoregressive_generate, speculative_generate
+from specrepl.store.paths import default_config_path
 
 pytestmark = pytest.mark.embedded
 
@@ -144,6 +147,31 @@ def test_shipped_head_keeps_the_targets_greedy_output(embedded_pair, shipped_hea
         }
         for name, result in runs.items():
             assert result.token_ids == reference.token_ids, (prompt, name)
+
+
+@pytest.mark.parametrize("runtime", ["torch", "auto"])
+def test_the_default_hybrid_times_the_shipped_head_against_the_copy(
+    embedded_pair, request, runtime
+) -> None:
+    """The default drafter (hybrid, head "auto") on the embedded pair: both the
+    shipped head and the copy are timed (in llama.cpp too where it runs), the
+    verdict is kept, and the answer is the target's whichever drafts."""
+    if runtime == "auto":
+        request.getfixturevalue("llama")  # llama.cpp installed (required in CI)
+    settings = load_config(default_config_path()).settings.updated(
+        drafter_runtime=runtime, max_new_tokens=NEW_TOKENS
+    )
+    assert settings.drafter_options().chooses_head
+    session = ChatSession(embedded_pair, settings)
+    answer = session.answer(PROMPTS[1])
+    assert answer.refusal is None, answer.refusal
+    assert answer.runs["speculative"].result.token_ids == answer.runs["target"].result.token_ids
+    choice = session.drafters.choice(settings)
+    assert choice.head_path == str(resolve_head("embedded"))
+    assert set(choice.seconds) == {"head", "model"} and choice.tokens > 0
+    drafter = session._drafter(settings)
+    assert isinstance(drafter, HybridDrafter)
+    assert isinstance(drafter.model, HeadDrafter) == choice.head
 
 
 def test_shipped_head_reaches_its_stated_acceptance(embedded_pair, shipped_head) -> None:

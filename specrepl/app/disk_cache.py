@@ -1,11 +1,14 @@
 """What specrepl keeps on disk, and `python infer.py cache` to see and clear it.
 
-Five kinds of state outlive a run, all of them re-computable:
+Six kinds of state outlive a run, all of them re-computable:
 
 - `models`: converted copies of GGUF models (`<cache>/gguf/`, see
   models/gguf.py), checked here as on every load;
 - `widths`: the forward-width timings per model and machine
   (`<cache>/widths.json`, see engine/widths.py);
+- `choices`: whether a hybrid with head "auto" drafted faster with the draft
+  head or the drafter model, per pair, runtime and machine
+  (`<cache>/draft-choices.json`, see chat/draft_choice.py);
 - `distill`: the prompts, answer shards and training checkpoints of
   `distill` runs (`<cache>/distill/<target fingerprint>/`);
 - `history`: the REPL's prompt history;
@@ -15,7 +18,8 @@ Five kinds of state outlive a run, all of them re-computable:
 
 `<cache>` is `$SPECREPL_CACHE_DIR`, else `$XDG_CACHE_HOME/specrepl`, else
 `~/.cache/specrepl`. Hugging Face hub downloads are not ours: they live in the
-hub's own cache (`hf cache` manages it).
+hub's own cache (`hf cache` manages it). Nor are the draft heads a user keeps
+under `<cache>/heads/` (trained, not re-computable): never listed or cleared here.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from specrepl.app.render.formatting import format_bytes
+from specrepl.chat.draft_choice import MAX_CHOICE_AGE_DAYS
 from specrepl.engine.signals import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
 from specrepl.models.gguf import PARTIAL_PREFIX, check_copy, discard
 from specrepl.models.width_plans import MAX_PLAN_AGE_DAYS
@@ -41,6 +46,7 @@ from specrepl.store.paths import (
     DISTILL_CHECKPOINT_FILE,
     cache_root,
     distill_root,
+    draft_choices_file,
     history_file,
     llamacpp_trials_file,
     model_copies_dir,
@@ -49,7 +55,7 @@ from specrepl.store.paths import (
 
 __all__ = ["KINDS", "StoredItem", "add_arguments", "clear", "run", "stored_items"]
 
-KINDS = ("models", "widths", "distill", "history", "llamacpp")
+KINDS = ("models", "widths", "choices", "distill", "history", "llamacpp")
 
 
 @dataclass(frozen=True)
@@ -67,6 +73,7 @@ class StoredItem:
 def stored_items() -> list[StoredItem]:
     """Everything specrepl keeps, kind by kind (what does not exist is left out)."""
     items = _model_copies(model_copies_dir()) + _width_plans(width_plans_file())
+    items += _draft_choices(draft_choices_file())
     items += _distill_runs(distill_root())
     history = history_file()
     if history.is_file():
@@ -122,18 +129,28 @@ def _json_store(kind: str, store: Path, rebuilt: str) -> tuple[dict | None, list
 
 
 def _width_plans(store: Path) -> list[StoredItem]:
-    data, unreadable = _json_store("widths", store, "measured again and rewritten on next start")
+    return _dated_store("widths", store, "plan", MAX_PLAN_AGE_DAYS)
+
+
+def _draft_choices(store: Path) -> list[StoredItem]:
+    return _dated_store("choices", store, "choice", MAX_CHOICE_AGE_DAYS)
+
+
+def _dated_store(kind: str, store: Path, noun: str, max_age_days: int) -> list[StoredItem]:
+    """A JSON store of measurements, each with its `measured_at`, taken again
+    once older than `max_age_days`."""
+    data, unreadable = _json_store(kind, store, "measured again and rewritten on next start")
     if data is None:
         return unreadable
     now, old = time.time(), 0
     for entry in data.values():
         measured = entry.get("measured_at") if isinstance(entry, dict) else None
-        if not isinstance(measured, int | float) or now - measured > MAX_PLAN_AGE_DAYS * 86400:
+        if not isinstance(measured, int | float) or now - measured > max_age_days * 86400:
             old += 1
-    state = f"{len(data)} plan{'s' if len(data) != 1 else ''}"
+    state = f"{len(data)} {noun}{'s' if len(data) != 1 else ''}"
     if old:
-        state += f", {old} to be measured again (older than {MAX_PLAN_AGE_DAYS} days or undated)"
-    return [StoredItem("widths", store, _size(store), state, old == 0)]
+        state += f", {old} to be measured again (older than {max_age_days} days or undated)"
+    return [StoredItem(kind, store, _size(store), state, old == 0)]
 
 
 def _llamacpp_trials(store: Path) -> list[StoredItem]:
@@ -186,7 +203,7 @@ def _count_lines(path: Path) -> int:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = (
-        "List what specrepl keeps on disk (converted models, width timings, distill "
+        "List what specrepl keeps on disk (converted models, width timings, draft choices, distill "
         "runs, prompt history, llama.cpp trials), its size and state, or clear all or part of it. "
         f"Everything is re-computed when needed. The cache directory: {cache_root()}"
     )

@@ -62,7 +62,7 @@ def open_session(
 
     session = ChatSession(load_config_pair(config, progress), config.settings)
     progress("warming up…")
-    session.warm_up(retime_widths=retime_widths)
+    session.warm_up(retime_widths=retime_widths, progress=progress)
     return session
 
 

@@ -14,20 +14,28 @@ The session's kept caches are shared with it: the speculative run's target
 cache starts afresh with a new drafter, and the drafter-alone run's cache
 (which holds the drafter model) goes when the model is released.
 
+A hybrid whose head is "auto" drafts with the head trained for the target or
+with the drafter model, whichever `draft_choice` timed faster here: chosen
+once per requested runtime (and stored across starts), and every method
+below reads the settings with that choice made (`settled`).
+
 It never prints and knows nothing of prompts, history or the terminal.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from specrepl.chat.answers import GeneratorName
+from specrepl.chat.draft_choice import DraftChoice, choice_key, choose_draft_source
 from specrepl.chat.settings import SettingError, Settings
 from specrepl.engine.drafters.base import Drafter
 from specrepl.engine.drafters.builder import DrafterSpec, build_drafter, load_drafter_head
 from specrepl.engine.drafters.draft_head import DraftHead
-from specrepl.engine.drafters.head_store import resolve_head
+from specrepl.engine.drafters.head_store import HeadLoadError
 from specrepl.engine.drafters.ngram import NgramDrafter
 from specrepl.engine.drafters.options import DrafterOptions
 from specrepl.engine.drafters.runtime import RuntimeChoice, choose_drafter_runtime
@@ -35,13 +43,20 @@ from specrepl.engine.gamma import GammaPolicy
 from specrepl.engine.llamacpp import LlamaCppUnavailable
 from specrepl.engine.prompt_cache import PromptCache
 from specrepl.models.errors import ModelLoadError
+from specrepl.store.paths import draft_choices_file
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
     from specrepl.models.pair import ModelPair
 
-__all__ = ["ChatDrafters", "build_pair_drafter", "drafter_spec", "keeps_drafter_state"]
+__all__ = [
+    "ChatDrafters",
+    "build_pair_drafter",
+    "choose_hybrid_source",
+    "drafter_spec",
+    "keeps_drafter_state",
+]
 
 
 @dataclass(frozen=True)
@@ -63,6 +78,7 @@ class ChatDrafters:
         self._caches = caches
         self._heads: dict[str, tuple[DraftHead, dict[str, Any]]] = {}
         self._runtimes: dict[str, RuntimeChoice | None] = {}
+        self._choices: dict[str, DraftChoice] = {}
         self._ngram: NgramDrafter | None = None
         self._kept: tuple[_BuiltFrom, Drafter] | None = None
         self._kept_policy: tuple[tuple[Any, ...], GammaPolicy] | None = None
@@ -70,14 +86,16 @@ class ChatDrafters:
     # -- the drafter ---------------------------------------------------------
 
     def spec(self, settings: Settings) -> DrafterSpec:
-        """The drafter `settings` ask for in this chat (`drafter_spec`, kept
-        between turns as `keeps_drafter_state` says)."""
+        """The drafter `settings` ask for in this chat (`drafter_spec` on the
+        `settled` settings, kept between turns as `keeps_drafter_state` says)."""
+        settings = self.settled(settings)
         return drafter_spec(settings, self.pair, keep_between_prompts=keeps_drafter_state(settings))
 
     def drafter(self, settings: Settings) -> Drafter:
         """The drafter the settings ask for: the kept one (with its cache) while
         the spec and what it is built over stay the same; another one starts
         empty, and so does the speculative run's target cache."""
+        settings = self.settled(settings)
         spec = self.spec(settings)
         if spec.options.kind == "ngram":
             return self._ngram_drafter(spec, keep=settings.ngram_keep)
@@ -139,17 +157,65 @@ class ChatDrafters:
                 raise SettingError(f"the drafter cannot run in llama.cpp: {error}") from None
         return self._runtimes[key]
 
+    # -- a hybrid's head "auto": the head or the model, by timing ----------------
+
+    def settled(self, settings: Settings, *, choose: bool = True) -> Settings:
+        """`settings` with a hybrid's head "auto" replaced by what drafts: the
+        directory of the head found for the target, or no head (the model).
+        `choose`: time the two now if that was not done for these settings'
+        runtime (`choice`); without it an unchosen "auto" is returned as it is
+        (it counts as needing the model)."""
+        options = settings.drafter_options()
+        if not options.chooses_head:
+            return settings
+        choice = self.choice(settings) if choose else self._choices.get(_runtime_key(options))
+        return settings if choice is None else choice.settle(settings)
+
+    def choice(self, settings: Settings, *, retime: bool = False) -> DraftChoice:
+        """Whether a hybrid with head "auto" drafts with the head found for the
+        target or with the drafter model under `settings`: timed once per
+        requested runtime (`draft_choice.choose_draft_source`, stored across
+        starts; `retime`: timed again now). The model when no head was trained
+        for this target, the head when no drafter model is loaded."""
+        options = settings.drafter_options()
+        key = _runtime_key(options)
+        if key in self._choices and not retime:
+            return self._choices[key]
+        choice, _ = choose_hybrid_source(
+            settings,
+            self.pair,
+            self.runtime(settings),
+            load_head=lambda: self.head(settings),
+            retime=retime,
+        )
+        self._choices[key] = choice
+        self.forget_drafter()  # the timing drafted with llama.cpp's one state
+        return choice
+
+    def choice_summary(self, settings: Settings) -> str | None:
+        """What a hybrid with head "auto" drafts with and why, once chosen (None
+        before, or for other drafters)."""
+        options = settings.drafter_options()
+        choice = self._choices.get(_runtime_key(options))
+        return None if choice is None or not options.chooses_head else choice.describe()
+
     def runtime_summary(self, settings: Settings) -> str | None:
         """What runs the drafter model and why, once chosen (None before the
         first speculative run, or when no model drafts)."""
+        chosen = self.choice_summary(settings)
+        settings = self.settled(settings, choose=False)
         options = settings.drafter_options()
         choice = self._runtimes.get(_runtime_key(options))
-        return None if choice is None or not options.needs_model else choice.describe()
+        if choice is None or not options.needs_model:
+            return None
+        return choice.describe() + ("" if chosen is None else f"; {chosen}")
 
     def check_head(self, settings: Settings) -> None:
         """Load the draft head the settings ask for, if any (HeadLoadError if it
         cannot be used with this target; SettingError if none is named)."""
         options = settings.drafter_options()
+        if options.chooses_head:
+            return  # without a head for this target, the hybrid drafts with the model
         if options.kind == "head" and options.head is None:
             raise SettingError(
                 "the head drafter needs a draft head: /drafter_kind head PATH (or embedded, the "
@@ -165,15 +231,23 @@ class ChatDrafters:
         if name is None:
             return None
         if name not in self._heads:
-            self._heads[name] = load_drafter_head(name, self.pair.target.model)
+            loaded = load_drafter_head(name, self.pair.target.model)
+            self._heads[name] = loaded
+            self._heads.setdefault(str(loaded[1]["path"]), loaded)  # as `settled` names it
         return self._heads[name]
 
     def head_summary(self, settings: Settings) -> dict[str, Any] | None:
-        """The draft head the settings name (its description and "path"), if one is loaded."""
+        """The draft head that drafts under the settings (its description and
+        "path", and "chosen": why, for a hybrid's head "auto"), if one is loaded."""
+        chosen = self.choice_summary(settings)
+        settings = self.settled(settings, choose=False)
+        if not settings.drafter_options().needs_head:
+            return None
         name = settings.drafter_head
         if name is None or name not in self._heads:
             return None
-        return {**self._heads[name][1], "path": str(resolve_head(name))}
+        description = self._heads[name][1]
+        return description if chosen is None else {**description, "chosen": chosen}
 
     # -- the drafter's torch model --------------------------------------------
 
@@ -190,6 +264,8 @@ class ChatDrafters:
         cannot run, or the model cannot be loaded again."""
         try:
             self.runtime(settings)
+            if settings.speculative and settings.drafter_options().chooses_head:
+                self.choice(settings)
             if self.needs_torch_model(settings):
                 self.model()
         except ModelLoadError as error:
@@ -198,6 +274,7 @@ class ChatDrafters:
     def drafts_in_torch(self, settings: Settings) -> bool:
         """Whether the speculative drafter `settings` ask for runs the drafter's
         torch model: a drafter that needs the model, unless llama.cpp runs it."""
+        settings = self.settled(settings, choose=False)
         if not settings.drafter_options().needs_model:
             return False
         runtime = self.runtime(settings)
@@ -212,7 +289,7 @@ class ChatDrafters:
             return False
         if settings.drafter_gen:
             return True
-        options = settings.drafter_options()
+        options = self.settled(settings, choose=False).drafter_options()
         if not (settings.speculative and options.needs_model):
             return False
         choice = self._runtimes.get(_runtime_key(options))
@@ -278,6 +355,59 @@ def build_pair_drafter(
         target_tuning=pair.target.tuning,
         model_tuning=None if pair.drafter is None else pair.drafter.tuning,
     )
+
+
+def choose_hybrid_source(
+    settings: Settings,
+    pair: ModelPair,
+    runtime: RuntimeChoice | None,
+    *,
+    load_head: Callable[[], tuple[DraftHead, dict[str, Any]] | None] | None = None,
+    retime: bool = False,
+) -> tuple[DraftChoice, DraftHead | None]:
+    """Whether the hybrid `settings` ask for, with head "auto", drafts faster on
+    `pair` with the head trained for the target (`load_head` gives it; default:
+    `load_drafter_head("auto", ...)`) or with the drafter model (in llama.cpp
+    where `runtime` runs it there), and that head. Both hybrids are built here
+    as every entry point builds them and timed by
+    `draft_choice.choose_draft_source`, which keeps the verdict in the store
+    (`retime`: timed again now). Without a head for this target the model
+    drafts; without a drafter model the head does."""
+    if load_head is None:
+        load_head = lambda: load_drafter_head("auto", pair.target.model)  # noqa: E731
+    model = pair.drafter.model if pair.drafter is not None and _in_torch(runtime) else None
+    try:
+        loaded = load_head()
+    except HeadLoadError as error:
+        return DraftChoice(False, note=str(error)), None
+    if loaded is None:
+        return DraftChoice(False, note="no draft head is named"), None
+    head, description = loaded
+    path = str(description["path"])
+    if pair.drafter is None:
+        return DraftChoice(True, head_path=path, note="no drafter model is loaded"), head
+
+    def build(with_head: bool) -> Drafter:
+        chosen = settings.updated(drafter_head=path if with_head else None)
+        return build_pair_drafter(
+            drafter_spec(chosen, pair),
+            pair,
+            model=None if with_head else model,
+            head=head,
+            runtime=runtime,
+        )
+
+    runtime_name = "torch" if _in_torch(runtime) else "llamacpp"
+    key = choice_key(pair, settings, Path(path), runtime_name)
+    choice = choose_draft_source(
+        pair, settings, build, key, store=draft_choices_file(), retime=retime
+    )
+    return replace(choice, head_path=path), head
+
+
+def _in_torch(runtime: RuntimeChoice | None) -> bool:
+    """Whether the drafter model drafts in torch under `runtime` (not llama.cpp)."""
+    return runtime is None or runtime.llama is None
 
 
 def keeps_drafter_state(settings: Settings) -> bool:

@@ -25,6 +25,7 @@ prompt_toolkit. Settings are only changed through `Settings.updated`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -183,17 +184,30 @@ class ChatSession:
 
     # -- answering ---------------------------------------------------------
 
-    def warm_up(self, prompt: str = "Hello", *, retime_widths: bool = False) -> None:
+    def warm_up(
+        self,
+        prompt: str = "Hello",
+        *,
+        retime_widths: bool = False,
+        progress: Callable[[str], None] | None = None,
+    ) -> None:
         """One short run of each model, so that one-time start-up costs (kernel
         selection, allocator growth) do not land in the first answer's timings.
         Changes neither the settings nor the history.
 
         On a CPU it also times each model's forward widths (`widths.py`) once
         per model and machine, kept under the cache directory, so that steps
-        are padded to cheaper widths (`retime_widths`: measured again now)."""
+        are padded to cheaper widths (`retime_widths`: measured again now).
+        A hybrid with head "auto" has its draft source chosen here, after the
+        widths (`ChatDrafters.choice`: timed once per machine, then stored);
+        `progress` is told when that starts."""
         settings = self.settings
         if self.pair.device.type == "cpu":
             self.tune_widths(retime=retime_widths)
+        if settings.speculative and settings.drafter_options().chooses_head:
+            if progress is not None:
+                progress("choosing between the draft head and the drafter model…")
+            self.drafters.choice(settings)
         ids = self.prompt_ids(prompt)
         common = self.pair.generation_options(use_cache=settings.use_cache)
         target = self.pair.target

@@ -248,7 +248,8 @@ class Settings:
     drafter_head: str | None = _setting(
         DrafterOptions.head,
         Bound(str, optional=True),
-        "draft head for the head and hybrid drafters: a directory, or embedded (none: no head)",
+        "draft head for the head and hybrid drafters: a directory, embedded, or auto (the one"
+        " trained for the target; a hybrid drafts with it where timed faster than the model)",
         drafter="head",
     )
     drafter_runtime: str = _setting(

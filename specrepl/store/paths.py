@@ -21,9 +21,11 @@ __all__ = [
     "default_chat_path",
     "default_config_path",
     "distill_root",
+    "draft_choices_file",
     "ends_digest",
     "fingerprint",
     "history_file",
+    "kept_heads_dir",
     "llamacpp_trials_file",
     "model_copies_dir",
     "width_plans_file",
@@ -69,6 +71,18 @@ def model_copies_dir() -> Path:
 def width_plans_file() -> Path:
     """The forward-width timings, per model and machine."""
     return cache_root() / "widths.json"
+
+
+def draft_choices_file() -> Path:
+    """Whether a hybrid drafted faster with a draft head or the drafter model, by pair and
+    machine."""
+    return cache_root() / "draft-choices.json"
+
+
+def kept_heads_dir() -> Path:
+    """Draft heads the user keeps for their own targets (one directory each), which
+    a drafter head named "auto" finds as it finds the shipped ones."""
+    return cache_root() / "heads"
 
 
 def llamacpp_trials_file() -> Path:

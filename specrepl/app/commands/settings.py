@@ -145,7 +145,9 @@ def _drafter_argument(setting: str, help: str, *kinds: str) -> Argument:
         _drafter_argument(
             "drafter_window", "prompt tokens the model drafter reads (0: all)", "model", "hybrid"
         ),
-        _drafter_argument("drafter_head", "a draft head directory, or embedded", "head", "hybrid"),
+        _drafter_argument(
+            "drafter_head", "a draft head directory, embedded, or auto (timed)", "head", "hybrid"
+        ),
         # last, so that lines written before it existed keep their meaning
         _drafter_argument(
             "drafter_runtime", "what runs the model (auto: the cheaper, timed)", "model", "hybrid"

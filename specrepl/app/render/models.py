@@ -24,7 +24,8 @@ def models_table(
     pair: ModelPair, head: dict[str, Any] | None = None, runtime: str | None = None
 ) -> RenderableType:
     """The target and the drafter (name, dtype, quantization, size, memory, load time),
-    the draft head if one drafts (`head`: its head.json plus "path"), what runs the
+    the draft head if one drafts (`head`: its head.json plus "path", and "chosen":
+    why a hybrid drafts with it rather than the model), what runs the
     drafter model (`runtime`), and the device, vocabulary, context and end tokens."""
     table = plain_table()
     table.add_column("", style="bold")
@@ -62,11 +63,12 @@ def models_table(
         )
     if head is not None:
         agreement = " ".join(f"{a:.2f}" for a in head.get("held_back_agreement", []))
+        chosen = f"; {head['chosen']}" if head.get("chosen") else ""
         table.add_row(
             "draft head",
             Text(head["path"]).append(
                 f" ({head.get('draft_vocab')} tokens; for {head['target'].get('name')};"
-                f" held-back agreement {agreement or 'not measured'})",
+                f" held-back agreement {agreement or 'not measured'}{chosen})",
                 style="dim",
             ),
             head.get("dtype", DASH),

@@ -27,7 +27,7 @@ from transformers import PreTrainedModel
 from specrepl.engine.drafters.base import Drafter
 from specrepl.engine.drafters.draft_head import DraftHead, fastest_dtype
 from specrepl.engine.drafters.head import HeadDrafter
-from specrepl.engine.drafters.head_store import load_head, resolve_head
+from specrepl.engine.drafters.head_store import load_head, locate_head
 from specrepl.engine.drafters.hybrid import HybridDrafter
 from specrepl.engine.drafters.lookup import LookupDrafter
 from specrepl.engine.drafters.model import ModelDrafter
@@ -141,12 +141,15 @@ def _model_drafter(
 
 
 def load_drafter_head(name: str, target: PreTrainedModel) -> tuple[DraftHead, dict[str, Any]]:
-    """The draft head `name` names (a directory, or "embedded"), bound to
-    `target`, and its description. A float32 head on a CPU drafts in the dtype
-    of `HEAD_DTYPES` timed fastest here (the description then says which, with
-    the seconds per drafted token of each). Raises HeadLoadError (`head_store`)
-    when the head cannot be used with this target."""
-    head, description = load_head(resolve_head(name), target)
+    """The draft head `name` names (a directory, "embedded", or "auto": one trained
+    for `target`, `head_store.locate_head`), bound to `target`, and its
+    description, with the "path" it was loaded from. A float32 head on a CPU
+    drafts in the dtype of `HEAD_DTYPES` timed fastest here (the description then
+    says which, with the seconds per drafted token of each). Raises HeadLoadError
+    (`head_store`) when the head cannot be used with this target."""
+    directory = locate_head(name, target)
+    head, description = load_head(directory, target)
+    description = {**description, "path": str(directory)}
     if head.output_rows.device.type == "cpu" and head.output_rows.dtype == torch.float32:
         best, timed = fastest_dtype(head, HEAD_DTYPES)
         head.to(best)

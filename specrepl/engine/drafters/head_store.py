@@ -22,12 +22,14 @@ from transformers import PreTrainedModel
 
 from specrepl.engine.drafters.draft_head import DraftHead, HeadConfig, check_fused_layers
 from specrepl.store.atomic import write_atomically, write_text_atomically
-from specrepl.store.paths import EMBEDDED_HEADS_DIR
+from specrepl.store.paths import EMBEDDED_HEADS_DIR, kept_heads_dir
 
 __all__ = [
     "HEAD_FORMAT",
     "HeadLoadError",
+    "find_head_for",
     "load_head",
+    "locate_head",
     "read_description",
     "resolve_head",
     "save_head",
@@ -73,6 +75,48 @@ def resolve_head(name: str) -> Path:
     if name.strip().lower() == "embedded":
         return EMBEDDED_HEAD
     return Path(name).expanduser()
+
+
+def locate_head(name: str, target: PreTrainedModel) -> Path:
+    """The directory of the head `name` names for `target`: "auto" finds one
+    trained for it (`find_head_for`; HeadLoadError, saying where it looked, when
+    there is none); any other name is `resolve_head`'s."""
+    if name.strip().lower() != "auto":
+        return resolve_head(name)
+    found = find_head_for(target)
+    if found is None:
+        where = " and ".join(str(root) for root in head_directories())
+        raise HeadLoadError(
+            f"no draft head trained for this target in {where}: train one with `python infer.py"
+            f" distill --out {kept_heads_dir() / 'NAME'}`, or name a head directory"
+        )
+    return found
+
+
+def head_directories() -> tuple[Path, ...]:
+    """Where a head named "auto" is looked for: the heads shipped with specrepl,
+    then the ones the user keeps (`paths.kept_heads_dir`)."""
+    return (EMBEDDED_HEADS_DIR, kept_heads_dir())
+
+
+def find_head_for(target: PreTrainedModel, fingerprint: str | None = None) -> Path | None:
+    """The first head directory in `head_directories` trained for `target` (by its
+    `target_fingerprint`, given or computed), or None. A directory that cannot be
+    read is passed over."""
+    wanted = fingerprint or target_fingerprint(target)
+    for root in head_directories():
+        try:
+            candidates = sorted(path for path in root.iterdir() if path.is_dir())
+        except OSError:
+            continue
+        for directory in candidates:
+            try:
+                description = read_description(directory)
+            except HeadLoadError:
+                continue
+            if description.get("target", {}).get("fingerprint") == wanted:
+                return directory
+    return None
 
 
 def save_head(head: DraftHead, directory: Path, description: dict[str, Any]) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["DRAFTER_KINDS", "DRAFTER_RUNTIMES", "DrafterOptions"]
+__all__ = ["AUTO_HEAD", "DRAFTER_KINDS", "DRAFTER_RUNTIMES", "DrafterOptions"]
 
 DRAFTER_KINDS = ("model", "ngram", "lookup", "hybrid", "head")
 
@@ -19,6 +19,13 @@ DRAFTER_RUNTIMES = ("auto", "torch", "llamacpp")
 """What runs the drafter model (`runtime.choose_runtime`): "auto"
 measures both where llama.cpp can run the model's GGUF file and keeps the
 cheaper; "torch" and "llamacpp" force one."""
+
+
+AUTO_HEAD = "auto"
+"""The head named "auto": a draft head trained for the target, found among the
+heads shipped with specrepl and those the user keeps (`head_store.find_head_for`).
+The `head` kind drafts with it; `hybrid` drafts with it instead of the drafter
+model only where it measured faster on this machine (`chat.draft_choice`)."""
 
 
 @dataclass(frozen=True)
@@ -44,13 +51,31 @@ class DrafterOptions:
     """What runs the drafter model: one of DRAFTER_RUNTIMES."""
     min_match: int = 2
     head: str | None = None
-    """A draft head directory (or "embedded"): the `head` kind drafts with it,
-    and `hybrid` uses it instead of the drafter model."""
+    """A draft head directory (or "embedded", or `AUTO_HEAD`): the `head` kind
+    drafts with it, and `hybrid` uses it instead of the drafter model."""
+
+    @property
+    def head_is_auto(self) -> bool:
+        """The head is `AUTO_HEAD`: for `hybrid`, whether it drafts with a head or
+        the model is still to be chosen by timing (`chooses_head`)."""
+        return self.head is not None and self.head.strip().lower() == AUTO_HEAD
+
+    @property
+    def chooses_head(self) -> bool:
+        """A hybrid whose head is `AUTO_HEAD`: a head or the drafter model, by timing."""
+        return self.kind == "hybrid" and self.head_is_auto
 
     @property
     def needs_model(self) -> bool:
-        return self.kind == "model" or (self.kind == "hybrid" and self.head is None)
+        """Whether the drafter model drafts (a hybrid that still chooses may: it is
+        timed against the head, so it counts as needing the model until then)."""
+        return self.kind == "model" or (
+            self.kind == "hybrid" and (self.head is None or self.head_is_auto)
+        )
 
     @property
     def needs_head(self) -> bool:
-        return self.kind == "head" or (self.kind == "hybrid" and self.head is not None)
+        """Whether a draft head drafts (not yet known for a hybrid that still chooses)."""
+        return self.kind == "head" or (
+            self.kind == "hybrid" and self.head is not None and not self.head_is_auto
+        )

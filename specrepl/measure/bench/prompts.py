@@ -10,7 +10,8 @@ each, and names the file and line of anything malformed;
 `conversations` says which turns are asked in one conversation: each
 question's own turns (turn 2 follows turn 1 and its answer, as Spec-Bench
 runs them), or with `bench --chat` every turn of the file, one chat.
-`BenchTurn` is one user turn; its `key` names it (`writing/81#2`).
+`BenchTurn` is one user turn; its `key` names it (`writing/81#2`), and a
+`Conversation` holds what one conversation has asked and answered so far.
 
 Plain data: no torch, no rich, no model.
 """
@@ -19,10 +20,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from specrepl.chat.answers import Message
 from specrepl.store.paths import PACKAGE_DIR
 
 __all__ = [
@@ -30,6 +32,7 @@ __all__ = [
     "BenchError",
     "BenchPrompt",
     "BenchTurn",
+    "Conversation",
     "conversations",
     "default_prompts_path",
     "load_prompts",
@@ -199,3 +202,22 @@ def load_prompts(
             counts[prompt.category] += 1
             kept.append(prompt)
     return kept
+
+
+@dataclass
+class Conversation:
+    """One benchmark chat as the REPL's session holds it: how many turns were
+    asked, and the history the next turn is encoded with (each user turn and
+    the target-only answer to it)."""
+
+    history: list[Message] = field(default_factory=list)
+    asked: int = 0
+
+    def answered(self, question: str, answer: str | None) -> None:
+        """One more turn asked; with an `answer` (chat mode), both join the history."""
+        self.asked += 1
+        if answer is not None:
+            self.history += [
+                {"role": "user", "content": question},
+                {"role": "assistant", "content": answer},
+            ]

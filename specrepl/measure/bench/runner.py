@@ -32,7 +32,13 @@ from typing import Any
 import torch
 
 from specrepl.chat.answers import Message
-from specrepl.chat.drafting import build_pair_drafter, drafter_spec, keeps_drafter_state
+from specrepl.chat.draft_choice import DraftChoice
+from specrepl.chat.drafting import (
+    build_pair_drafter,
+    choose_hybrid_source,
+    drafter_spec,
+    keeps_drafter_state,
+)
 from specrepl.engine.drafters.base import Drafter
 from specrepl.engine.drafters.builder import load_drafter_head
 from specrepl.engine.drafters.draft_head import DraftHead
@@ -55,36 +61,23 @@ from specrepl.measure.bench.figures import (
 from specrepl.measure.bench.llamacpp import LlamaCppUnavailable
 from specrepl.measure.bench.options import BenchOptions
 from specrepl.measure.bench.peers import HF_PEERS, HfPeer, LlamaCppPeer, quiet_transformers, timed
-from specrepl.measure.bench.prompts import BenchError, BenchPrompt, BenchTurn, conversations
+from specrepl.measure.bench.prompts import (
+    BenchError,
+    BenchPrompt,
+    BenchTurn,
+    Conversation,
+    conversations,
+)
 from specrepl.models.pair import ModelPair
 from specrepl.models.prompting import fit_history, has_chat_template, prompt_ids
 from specrepl.models.width_plans import tune_pair_widths
 
-__all__ = ["Benchmark", "Conversation", "ProgressCallback"]
+__all__ = ["Benchmark", "ProgressCallback"]
 
 WARMUP_MAX_NEW_TOKENS = 32
 
 ProgressCallback = Callable[[int, int, str], None]
 """Called before each timed run with (runs done, runs in all, what runs now)."""
-
-
-@dataclass
-class Conversation:
-    """One benchmark chat as the REPL's session holds it: how many turns were
-    asked, and the history the next turn is encoded with (each user turn and
-    the target-only answer to it)."""
-
-    history: list[Message] = field(default_factory=list)
-    asked: int = 0
-
-    def answered(self, question: str, answer: str | None) -> None:
-        """One more turn asked; with an `answer` (chat mode), both join the history."""
-        self.asked += 1
-        if answer is not None:
-            self.history += [
-                {"role": "user", "content": question},
-                {"role": "assistant", "content": answer},
-            ]
 
 
 @dataclass
@@ -117,6 +110,7 @@ class Benchmark:
         self.drafter_runtime: RuntimeChoice | None = None
         """What runs the drafter model, once `_make_drafter` has chosen."""
         self._head: DraftHead | None = None
+        self.draft_choice: DraftChoice | None = None  # a hybrid's head "auto", once chosen
         self.drafter = self._make_drafter()
         self.methods = self._make_methods()
         self._check_conversation()
@@ -160,6 +154,16 @@ class Benchmark:
         except LlamaCppUnavailable as error:
             raise BenchError(f"the drafter cannot run in llama.cpp: {error}") from None
         return self._build_drafter(keep_between_prompts=False)
+
+    def _choose_draft_source(self) -> None:
+        """A hybrid with head "auto": the head or the model, chosen (and stored) as
+        the REPL's session chooses; the speculative methods record why."""
+        runtime = self.drafter_runtime
+        self.draft_choice, self._head = choose_hybrid_source(self.settings, self.pair, runtime)
+        self.settings = self.draft_choice.settle(self.settings)
+        for method in self.methods:
+            if method.speculative:
+                method.settings["draft_source"] = self.draft_choice.describe()
 
     def _build_drafter(self, *, keep_between_prompts: bool) -> Drafter:
         """The drafter the settings ask for, on the head and runtime chosen once,
@@ -471,6 +475,11 @@ class Benchmark:
                 if on_progress is not None:
                     on_progress(0, total, "timing forward widths")
                 self.width_plans = tune_pair_widths(self.pair, self.max_gamma())
+            if self.settings.drafter_options().chooses_head:
+                if on_progress is not None:
+                    on_progress(0, total, "timing the draft head against the drafter model")
+                self._choose_draft_source()
+            if self.options.tune_widths or self.draft_choice is not None:
                 # built again on the timed widths, as the REPL builds its drafter after
                 # them (a llama.cpp drafter's automatic window needs the target's step)
                 self.drafter = self._build_drafter(keep_between_prompts=False)
