@@ -216,8 +216,8 @@ def cpu_identity() -> str:
 
 
 def processor_name(device: torch.device) -> str:
-    """What did the work on `device`: the CPU's model name, or the GPU's name
+    """What did the work on `device`: the CPU (`cpu_identity`), or the GPU's name
     with the host CPU's (as a shard or a checkpoint records where it was made)."""
     if device.type == "cuda":
-        return f"{torch.cuda.get_device_name(device)} (GPU; host CPU {cpu_model()})"
-    return cpu_model()
+        return f"{torch.cuda.get_device_name(device)} (GPU; host CPU {cpu_identity()})"
+    return cpu_identity()

@@ -39,7 +39,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from specrepl.engine.drafters.draft_head import DraftHead, HeadConfig
-from specrepl.engine.widths import cpu_model, processor_name
+from specrepl.engine.widths import cpu_identity, processor_name
 from specrepl.store.atomic import unreadable, write_atomically, write_text_atomically
 
 __all__ = [
@@ -303,7 +303,7 @@ class CommittedCheckpoint:
         self.records = records  # training_records, held_back_records, held_back_every
         self.sessions = list(saved.description.get("sessions", [])) if saved else []
         self.started_from = saved.description.get("started_from") if saved else None
-        self.session = {"cpu": cpu_model(), "date": "", "seconds": 0.0, "steps": 0}
+        self.session = {"cpu": cpu_identity(), "date": "", "seconds": 0.0, "steps": 0}
         self.start = Position()
 
     def history(self) -> dict[str, Any]:
