@@ -8,11 +8,14 @@ Tiny seeded models built in code, as in the CPU tests."""
 from __future__ import annotations
 
 import functools
+import json
 from pathlib import Path
 
 import pytest
 import torch
 
+from specrepl.chat.session import ChatSession
+from specrepl.chat.settings import Settings
 from specrepl.engine.drafters.head import HeadDrafter
 from specrepl.engine.drafters.head_store import load_head, save_head, target_fingerprint
 from specrepl.engine.drafters.hybrid import HybridDrafter
@@ -21,6 +24,7 @@ from specrepl.engine.drafters.model import ModelDrafter
 from specrepl.engine.gamma import make_policy
 from specrepl.engine.generation import autoregressive_generate, speculative_generate
 from specrepl.models.pair import ModelPair
+from specrepl.store.paths import draft_choices_file, kept_heads_dir
 from specrepl.testing import perturbed_copy, tiny_head, tiny_llama, tiny_tokenizer
 from specrepl.train.accumulate import AnswerRecipe, accumulate_answers, answer_batch_for
 from specrepl.train.distill import open_data, training_records
@@ -153,3 +157,27 @@ def test_features_stay_on_the_gpu_and_match_the_cpus() -> None:
         torch.testing.assert_close(gpu["features"].cpu(), cpu["features"], rtol=2**-6, atol=1e-3)
     batch = _batch(on_gpu, 32, torch.float32, CUDA)
     assert all(value.device.type == "cuda" for value in batch.values())
+
+
+def test_a_hybrids_head_auto_is_timed_on_the_gpu(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a GPU the hybrid's head "auto" times the head against the drafter
+    model there (the store names the GPU), and the answer is the target's
+    whichever drafts."""
+    monkeypatch.setenv("SPECREPL_CACHE_DIR", str(tmp_path))
+    copy = perturbed_copy(target(), 0.1, seed=1).to(CUDA)
+    pair = ModelPair.from_models(target(), copy, tiny_tokenizer(32))
+    fingerprint = target_fingerprint(target())
+    save_head(
+        head(), kept_heads_dir() / "tiny", {"target": {"name": "t", "fingerprint": fingerprint}}
+    )
+    settings = Settings(drafter_kind="hybrid", drafter_head="auto", max_new_tokens=12)
+    session = ChatSession(pair, settings)
+    answer = session.answer("w5 w6 w7 w8")
+    assert answer.refusal is None, answer.refusal
+    assert answer.runs["speculative"].result.token_ids == answer.runs["target"].result.token_ids
+    choice = session.drafters.choice(settings)
+    assert set(choice.seconds) == {"head", "model"} and not choice.stored
+    (key,) = json.loads(draft_choices_file().read_text(encoding="utf-8"))
+    assert torch.cuda.get_device_name(CUDA) in key
