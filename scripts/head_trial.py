@@ -16,7 +16,8 @@ script splits the work:
               the same records (and on 40 training records, to see overfitting).
     held-back the same, without a features file: N held-back records of the
               chosen shards, evenly spread, their features computed here
-              (for data too large to keep every record's features).
+              (for data too large to keep every record's features); `--top N`
+              adds how often the target's token is in the head's top 2..N.
 
     export HF_HUB_OFFLINE=1
     python scripts/head_trial.py features distill-data/smollm2-135m-instruct /tmp/f.pt
@@ -142,7 +143,9 @@ def _shard_range(text: str) -> range:
     return range(int(first), int(last or first) + 1)
 
 
-def held_back(data_directory: Path, shards: range, count: int, heads: list[Path]) -> None:
+def held_back(
+    data_directory: Path, shards: range, count: int, heads: list[Path], top: int = 1
+) -> None:
     target = _target()
     vocab = int(target.config.vocab_size)
     data = TokenData.open(
@@ -169,8 +172,12 @@ def held_back(data_directory: Path, shards: range, count: int, heads: list[Path]
             with_features[layers] = [
                 {**r, "features": f} for r, f in zip(chosen, features, strict=True)
             ]
-        agreement = evaluate_head(head.float(), with_features[layers], settings, torch.float32)
-        print(directory, [round(a, 3) for a in agreement], flush=True)
+        for k in range(1, top + 1):
+            agreement = evaluate_head(
+                head.float(), with_features[layers], settings, torch.float32, top=k
+            )
+            within = "" if top == 1 else f" target's token in the head's top {k}:"
+            print(f"{directory}{within}", [round(a, 3) for a in agreement], flush=True)
 
 
 def main() -> None:
@@ -197,9 +204,13 @@ def main() -> None:
     sampled.add_argument("heads", type=Path, nargs="+")
     sampled.add_argument("--shards", type=_shard_range, default=_shard_range("0-99999"))
     sampled.add_argument("--records", type=int, default=80)
+    sampled.add_argument(
+        "--top", type=int, default=1, help="also how often the target's token is in the head's"
+        " top 2..N (the acceptance per level of a draft tree that tries them)",
+    )  # fmt: skip
     args = parser.parse_args()
     if args.command == "held-back":
-        held_back(args.data, args.shards, args.records, args.heads)
+        held_back(args.data, args.shards, args.records, args.heads, args.top)
     elif args.command == "features":
         features(args.data, args.output)
     elif args.command == "train":

@@ -25,6 +25,8 @@ from specrepl.engine.drafters.head_store import (
 from specrepl.engine.generation import autoregressive_generate, speculative_generate
 from specrepl.models.pair import ModelPair
 from specrepl.testing import tiny_head, tiny_llama, tiny_tokenizer
+from specrepl.train.data import batched_generate, target_features
+from specrepl.train.training import TrainSettings, evaluate_head
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -63,6 +65,29 @@ def test_unrolled_training_passes_match_drafting_step_by_step(target) -> None:
         third = head.step(second, tokens[:, 8:9], positions[:, 8:9], cache)
     assert torch.allclose(second, passes[1][:, 7:8], atol=1e-5)
     assert torch.allclose(third, passes[2][:, 8:9], atol=1e-5)
+
+
+def test_top_k_agreement_grows_with_k_and_is_whole_over_the_draft_vocabulary(
+    target, head
+) -> None:
+    """`evaluate_head(top=k)`: the target's token among the head's k likeliest;
+    k=1 is top-1 agreement, and k = the draft vocabulary holds every label."""
+    generator = torch.Generator().manual_seed(7)
+    prompts = [torch.randint(4, 32, (6,), generator=generator).tolist() for _ in range(6)]
+    generated = batched_generate(
+        target, prompts, max_new_tokens=16, end_tokens=[3], pad_id=0, keep_features=False
+    )
+    features = target_features(target, generated.ids, pad_id=0)
+    records = [
+        {"ids": ids, "features": f, "prompt_length": length}
+        for ids, f, length in zip(generated.ids, features, generated.prompt_lengths, strict=True)
+    ]
+    settings = TrainSettings(depth=3, batch_sequences=4)
+    by_k = {k: evaluate_head(head, records, settings, torch.float32, top=k) for k in (1, 2, 24)}
+    assert by_k[1] == evaluate_head(head, records, settings, torch.float32)
+    assert all(a <= b for a, b in zip(by_k[1], by_k[2], strict=True))
+    assert by_k[2] != by_k[1]  # the trained head's second guess is sometimes the right one
+    assert by_k[24] == (1.0, 1.0, 1.0)
 
 
 def test_a_rollback_forgets_the_drafted_positions(target) -> None:

@@ -187,9 +187,10 @@ def _batch(
 
 
 def _losses(
-    head: DraftHead, batch: dict[str, torch.Tensor], settings: TrainSettings
+    head: DraftHead, batch: dict[str, torch.Tensor], settings: TrainSettings, top: int = 1
 ) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    """The weighted loss and, per pass, the top-1 agreement counts on the mask.
+    """The weighted loss and, per pass, the agreement counts on the mask: how
+    often the target's token is the head's likeliest (among its `top` likeliest).
 
     Logits are computed only where a pass is scored: over a draft vocabulary
     they are the bulk of the cost."""
@@ -205,11 +206,7 @@ def _losses(
     hits = []
     weight_sum = 0.0
     for j, hidden in enumerate(outputs, start=1):
-        # pass j at position t starts its chain at t - j + 1: score it only if that is in the answer
-        mask = base.clone()
-        if j > 1:
-            mask[:, : j - 1] = False
-            mask[:, j - 1 :] &= base[:, : mask.shape[1] - (j - 1)]
+        mask = _pass_mask(base, j)
         scored = hidden[mask]
         logits = head.logits(scored).float()
         ids, probs = top_ids[mask], top_probs[mask]
@@ -222,9 +219,22 @@ def _losses(
         weight = settings.decay ** (j - 1)
         total = total + weight * per_position.sum() / max(1, per_position.shape[0])
         weight_sum += weight
-        agreeing = (logits.detach().argmax(-1) == ids[:, 0]).sum()
+        if top == 1:
+            agreeing = (logits.detach().argmax(-1) == ids[:, 0]).sum()
+        else:
+            agreeing = (logits.detach().topk(top).indices == ids[:, :1]).any(-1).sum()
         hits.append(torch.stack((agreeing, mask.sum())))
     return total / weight_sum, hits
+
+
+def _pass_mask(base: torch.Tensor, j: int) -> torch.Tensor:
+    """Where pass j is scored: pass j at position t starts its chain at t - j + 1,
+    so only where that position is in the answer too (`base`: the answer's mask)."""
+    mask = base.clone()
+    if j > 1:
+        mask[:, : j - 1] = False
+        mask[:, j - 1 :] &= base[:, : mask.shape[1] - (j - 1)]
+    return mask
 
 
 def _batches(records: Sequence[dict], size: int, seed: int, epoch: int) -> list[list[int]]:
@@ -238,10 +248,17 @@ def _batches(records: Sequence[dict], size: int, seed: int, epoch: int) -> list[
 
 @torch.no_grad()
 def evaluate_head(
-    head: DraftHead, records: Sequence[dict], settings: TrainSettings, dtype: torch.dtype
+    head: DraftHead,
+    records: Sequence[dict],
+    settings: TrainSettings,
+    dtype: torch.dtype,
+    *,
+    top: int = 1,
 ) -> tuple[float, ...]:
     """Top-1 agreement with the target of draft positions 1..depth on `records`
-    (each position assuming the earlier drafts were right)."""
+    (each position assuming the earlier drafts were right). With `top` k: how
+    often the target's token is among the head's k likeliest, which is how
+    often a draft tree that tries them there is accepted there."""
     hits = torch.zeros(settings.depth)
     total = torch.zeros(settings.depth)
     was_training = head.training
@@ -253,7 +270,7 @@ def evaluate_head(
             dtype,
             head.token_ids.device,
         )
-        _, counts = _losses(head, batch, settings)
+        _, counts = _losses(head, batch, settings, top)
         for j, (h, n) in enumerate(counts):
             hits[j] += float(h)
             total[j] += float(n)
