@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from specrepl.app.commands.registry import REGISTRY
+from specrepl.app.commands.results import CommandFailed, ShowModels
 from specrepl.chat.answers import Answer
 from specrepl.chat.draft_choice import MAX_CHOICE_AGE_DAYS, choice_key, choose_draft_source
 from specrepl.chat.session import ChatSession
@@ -176,3 +178,21 @@ def test_bench_chooses_as_the_session_does(pair: ModelPair, cache: Path, trained
     inner = benchmark.drafter.model  # type: ignore[attr-defined]
     assert isinstance(inner, HeadDrafter if chosen.head else ModelDrafter)
     assert all(record.runs["speculative"].identical for record in records)
+
+
+def test_the_draft_source_command_shows_the_verdict_and_times_again(
+    pair: ModelPair, cache: Path, trained
+) -> None:
+    keep_head(pair, trained)
+    session = ChatSession(pair, AUTO)
+    first = session.drafters.choice(session.settings)
+    assert isinstance(REGISTRY.dispatch(session, "/draft_source"), ShowModels)
+    assert session.drafters.choice(session.settings) is first
+    assert isinstance(REGISTRY.dispatch(session, "/draft_source retime"), ShowModels)
+    again = session.drafters.choice(session.settings)
+    assert not again.stored and again.measured_at > first.measured_at
+    other = ChatSession(pair, Settings(drafter_kind="hybrid", max_new_tokens=8))
+    refused = REGISTRY.dispatch(other, "/draft_source")
+    assert isinstance(refused, CommandFailed) and "/drafter_kind hybrid 3 0 auto" in refused.message
+    REGISTRY.dispatch(other, "/drafter_kind hybrid 3 0 auto")
+    assert other.settings.drafter_head == "auto" and other.drafters.choice(other.settings).stored

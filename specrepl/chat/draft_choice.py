@@ -6,7 +6,7 @@ where that hybrid ran faster here than the one with the drafter model, and
 with the model otherwise. Which wins depends on the machine, not on a rule: a
 head drafts for a few hundredths of a target step but is right less often
 than a copy of the target, whose draft costs about a fifth of a target step in
-llama.cpp on a CPU and about a whole one in torch on a GPU.
+llama.cpp on a 2-core CPU and about 0.6 in torch there.
 
 `choose_draft_source` times both. Each drafts, greedy, on the
 `CALIBRATION_PROMPTS` (after an untimed run of each), the two alternating
@@ -15,7 +15,8 @@ give the same tokens, the target's greedy text, so their times compare
 directly. The verdict is stored (`paths.draft_choices_file`) under the pair,
 the head's weights, what runs the model, the gamma policy and the machine:
 only the first start on a machine pays for it, and it is timed again after
-`MAX_CHOICE_AGE_DAYS` or when asked.
+`MAX_CHOICE_AGE_DAYS`, once the store is cleared, or when asked (`retime`:
+`/draft_source retime`).
 
 The REPL's session (`drafting.ChatDrafters`) and `bench` both choose here, so
 they draft alike. This module builds no drafter itself (its caller hands it a

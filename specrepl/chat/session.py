@@ -455,6 +455,12 @@ class ChatSession:
         first speculative run, or when no model drafts)."""
         return self.drafters.runtime_summary(self.settings)
 
+    def choose_draft_source(self, *, retime: bool = False) -> None:
+        """A hybrid with head "auto": choose (`retime`: time again now) whether the
+        head or the model drafts (`ChatDrafters.choice`)."""
+        self.drafters.choice(self.settings, retime=retime)
+        self._release_unneeded_drafter()
+
     def head(self, settings: Settings | None = None) -> tuple[DraftHead, dict[str, Any]] | None:
         """The settings' draft head and its description, loaded once per directory."""
         return self.drafters.head(settings or self.settings)

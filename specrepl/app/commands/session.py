@@ -63,6 +63,24 @@ def _widths(session: ChatSession, values: Mapping[str, Any]) -> CommandResult:
     return ShowWidths(session.width_plans(), "retime" in values, device)
 
 
+@REGISTRY.command(
+    "draft_source",
+    help="head auto: whether the head or the model drafts, and why; retime: time again",
+    arguments=(Argument("retime", str, "time again", choices=("retime",)),),
+    needs_models=True,
+)
+def _draft_source(session: ChatSession, values: Mapping[str, Any]) -> CommandResult:
+    settings = session.settings
+    if not settings.drafter_options().chooses_head:
+        return CommandFailed(
+            "only a hybrid whose drafter head is auto chooses between the head and the model"
+            f" (now: {settings.drafter_kind}, head {settings.drafter_head or 'none'}):"
+            f" /drafter_kind hybrid {settings.lookup_max_ngram} {settings.drafter_window} auto"
+        )
+    session.choose_draft_source(retime="retime" in values)
+    return ShowModels(session.pair, session.head_summary(), session.runtime_summary())
+
+
 def _command_names() -> tuple[str, ...]:
     return tuple(name.removeprefix(PREFIX) for name in REGISTRY.names())
 
