@@ -8,14 +8,17 @@ and whichever drafts, the output is the target's.
 
 from __future__ import annotations
 
+import io
 import json
 import time
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 
 from specrepl.app.commands.registry import REGISTRY
-from specrepl.app.commands.results import CommandFailed, ShowModels
+from specrepl.app.commands.results import ShowDraftSource
+from specrepl.app.render.models import models_table
 from specrepl.chat.answers import Answer
 from specrepl.chat.draft_choice import MAX_CHOICE_AGE_DAYS, choice_key, choose_draft_source
 from specrepl.chat.session import ChatSession
@@ -186,13 +189,24 @@ def test_the_draft_source_command_shows_the_verdict_and_times_again(
     keep_head(pair, trained)
     session = ChatSession(pair, AUTO)
     first = session.drafters.choice(session.settings)
-    assert isinstance(REGISTRY.dispatch(session, "/draft_source"), ShowModels)
-    assert session.drafters.choice(session.settings) is first
-    assert isinstance(REGISTRY.dispatch(session, "/draft_source retime"), ShowModels)
+    shown = REGISTRY.dispatch(session, "/draft_source")
+    assert isinstance(shown, ShowDraftSource) and shown.verdict is not None
+    assert "by timing" in shown.verdict and session.drafters.choice(session.settings) is first
+    assert shown.verdict.startswith("the draft head" if first.head else "the drafter model")
+    models = REGISTRY.dispatch(session, "/models")
+    console = Console(file=io.StringIO(), width=240, record=True)
+    console.print(models_table(models.pair, models.head, models.runtime))
+    text = console.export_text()
+    assert "by timing" in text and ("the draft head drafts instead" in text) == first.head
+    assert isinstance(REGISTRY.dispatch(session, "/draft_source retime"), ShowDraftSource)
     again = session.drafters.choice(session.settings)
     assert not again.stored and again.measured_at > first.measured_at
     other = ChatSession(pair, Settings(drafter_kind="hybrid", max_new_tokens=8))
-    refused = REGISTRY.dispatch(other, "/draft_source")
-    assert isinstance(refused, CommandFailed) and "/drafter_kind hybrid 3 0 auto" in refused.message
+    stored = draft_choices_file().read_text(encoding="utf-8")
+    untimed = REGISTRY.dispatch(other, "/draft_source retime")
+    assert isinstance(untimed, ShowDraftSource) and untimed.verdict is None
+    assert untimed.drafter == "hybrid, head none"
+    assert untimed.hint == "/drafter_kind hybrid 3 0 auto"
+    assert draft_choices_file().read_text(encoding="utf-8") == stored  # nothing was timed
     REGISTRY.dispatch(other, "/drafter_kind hybrid 3 0 auto")
     assert other.settings.drafter_head == "auto" and other.drafters.choice(other.settings).stored

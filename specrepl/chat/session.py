@@ -455,11 +455,13 @@ class ChatSession:
         first speculative run, or when no model drafts)."""
         return self.drafters.runtime_summary(self.settings)
 
-    def choose_draft_source(self, *, retime: bool = False) -> None:
+    def choose_draft_source(self, *, retime: bool = False) -> str:
         """A hybrid with head "auto": choose (`retime`: time again now) whether the
-        head or the model drafts (`ChatDrafters.choice`)."""
-        self.drafters.choice(self.settings, retime=retime)
+        head or the model drafts (`ChatDrafters.choice`); returns which and why."""
+        choice = self.drafters.choice(self.settings, retime=retime)
         self._release_unneeded_drafter()
+        name = "the draft head" if choice.head else "the drafter model"
+        return f"{name}: {choice.note}" if choice.note else f"{name}, {choice.describe()}"
 
     def head(self, settings: Settings | None = None) -> tuple[DraftHead, dict[str, Any]] | None:
         """The settings' draft head and its description, loaded once per directory."""

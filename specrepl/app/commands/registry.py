@@ -28,6 +28,7 @@ from specrepl.app.commands.results import (
     HistoryCleared,
     Quit,
     SettingsChanged,
+    ShowDraftSource,
     ShowModels,
     ShowSettings,
     ShowWidths,
@@ -274,8 +275,8 @@ class ShowHelp:
 
 
 CommandResult = Union[  # noqa: UP007 - a runtime alias
-    SettingsChanged, ShowSettings, ShowModels, ShowWidths, ShowHelp, HistoryCleared, ClearScreen,
-    Quit, CommandFailed,
+    SettingsChanged, ShowSettings, ShowModels, ShowWidths, ShowDraftSource, ShowHelp,
+    HistoryCleared, ClearScreen, Quit, CommandFailed,
 ]  # fmt: skip
 Handler = Callable[["ChatSession", Mapping[str, Any]], CommandResult]
 

@@ -29,6 +29,7 @@ __all__ = [
     "HistoryCleared",
     "Quit",
     "SettingsChanged",
+    "ShowDraftSource",
     "ShowModels",
     "ShowSettings",
     "ShowWidths",
@@ -64,6 +65,19 @@ class ShowModels:
     """The draft head in use, if any: its head.json plus "path"."""
     runtime: str | None = None
     """What runs the drafter model and why, once chosen (`ChatSession.runtime_summary`)."""
+
+
+@dataclass(frozen=True)
+class ShowDraftSource:
+    """What drafts behind a hybrid's prompt lookup, and why (`/draft_source`)."""
+
+    verdict: str | None
+    """The head or the model, with the timing that chose it; None when the
+    settings ask for no choice (not a hybrid with head "auto")."""
+    drafter: str
+    """What the settings ask for: `hybrid, head auto` or `model, head none`."""
+    hint: str
+    """The command that makes a hybrid choose by timing."""
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from specrepl.app.commands.results import (
     CommandFailed,
     HistoryCleared,
     Quit,
+    ShowDraftSource,
     ShowModels,
     ShowSettings,
     ShowWidths,
@@ -71,14 +72,12 @@ def _widths(session: ChatSession, values: Mapping[str, Any]) -> CommandResult:
 )
 def _draft_source(session: ChatSession, values: Mapping[str, Any]) -> CommandResult:
     settings = session.settings
-    if not settings.drafter_options().chooses_head:
-        return CommandFailed(
-            "only a hybrid whose drafter head is auto chooses between the head and the model"
-            f" (now: {settings.drafter_kind}, head {settings.drafter_head or 'none'}):"
-            f" /drafter_kind hybrid {settings.lookup_max_ngram} {settings.drafter_window} auto"
-        )
-    session.choose_draft_source(retime="retime" in values)
-    return ShowModels(session.pair, session.head_summary(), session.runtime_summary())
+    drafter = f"{settings.drafter_kind}, head {settings.drafter_head or 'none'}"
+    hint = f"/drafter_kind hybrid {settings.lookup_max_ngram} {settings.drafter_window} auto"
+    verdict = None
+    if settings.drafter_options().chooses_head:
+        verdict = session.choose_draft_source(retime="retime" in values)
+    return ShowDraftSource(verdict, drafter, hint)
 
 
 def _command_names() -> tuple[str, ...]:

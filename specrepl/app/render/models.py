@@ -50,6 +50,8 @@ def models_table(
             name.append(f" ({model.kind})", style="dim")
         if role == "drafter" and runtime is not None:
             name.append(f" (drafts in {runtime})", style="dim")
+        elif role == "drafter" and head is not None:
+            name.append(" (the draft head drafts instead; this one: /drafter_gen)", style="dim")
         elif role == "drafter" and pair.drafter_is_copy:
             name.append(" (a copy of the target: takes its keys and values)", style="dim")
         table.add_row(

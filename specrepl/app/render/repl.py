@@ -33,6 +33,7 @@ from specrepl.app.commands.results import (
     HistoryCleared,
     Quit,
     SettingsChanged,
+    ShowDraftSource,
     ShowModels,
     ShowSettings,
     ShowWidths,
@@ -239,6 +240,16 @@ class Renderer:
     @show.register
     def _(self, result: ShowModels) -> None:
         self.console.print(models_table(result.pair, result.head, result.runtime))
+
+    @show.register
+    def _(self, result: ShowDraftSource) -> None:
+        if result.verdict is None:
+            self.console.print(
+                f"Nothing is timed: the drafter is {result.drafter}. A hybrid with head auto"
+                f" drafts with the head or the model, whichever times faster here: {result.hint}"
+            )
+        else:
+            self.console.print(f"Behind prompt lookup drafts {result.verdict}.")
 
     @show.register
     def _(self, result: ShowWidths) -> None:
