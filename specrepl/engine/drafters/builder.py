@@ -148,7 +148,10 @@ def load_drafter_head(name: str, target: PreTrainedModel) -> tuple[DraftHead, di
     says which, with the seconds per drafted token of each). Raises HeadLoadError
     (`head_store`) when the head cannot be used with this target."""
     directory = locate_head(name, target)
-    head, description = load_head(directory, target)
+    # "auto" found the head by the target's fingerprint: computing it again costs a pass
+    # over every parameter at start-up
+    found_by_fingerprint = name.strip().lower() == "auto"
+    head, description = load_head(directory, target, check_fingerprint=not found_by_fingerprint)
     description = {**description, "path": str(directory)}
     if head.output_rows.device.type == "cpu" and head.output_rows.dtype == torch.float32:
         best, timed = fastest_dtype(head, HEAD_DTYPES)
