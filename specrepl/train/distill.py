@@ -47,6 +47,7 @@ from specrepl.engine.drafters.head_store import (
 from specrepl.engine.signals import EXIT_OK, EXIT_USAGE
 from specrepl.models.pair import ModelPair
 from specrepl.models.prompting import chat_prompt_ids
+from specrepl.store.exclusive import Busy, held_exclusively
 from specrepl.store.paths import distill_root
 from specrepl.train.accumulate import AnswerRecipe, accumulate_answers, answer_batch_for
 from specrepl.train.checkpoint import CheckpointRefused, start_from_head
@@ -75,6 +76,12 @@ __all__ = [
     "training_records",
     "write_data",
 ]
+
+ANSWERS_LOCK = ".answers.lock"
+"""Held in a data directory by the one process appending answers to it."""
+
+TRAINING_LOCK = ".training.lock"
+"""Held in a checkpoint (or work) directory by the one process training from it."""
 
 
 @torch.no_grad()
@@ -141,6 +148,21 @@ def write_data(
     data = open_data(pair, options.data)
     if data.summary().answer_tokens >= options.data_tokens:
         return data
+    with held_exclusively(options.data / ANSWERS_LOCK, "distill writing answers"):
+        data = open_data(pair, options.data)  # read again: another writer may have appended
+        if data.summary().answer_tokens < options.data_tokens:
+            _append_answers(pair, options, data, on_data, say)
+    return data
+
+
+def _append_answers(
+    pair: ModelPair,
+    options: DistillOptions,
+    data: TokenData,
+    on_data: Callable[[DataProgress], None] | None,
+    say: Callable[[str], None],
+) -> None:
+    """Append the target's answers to `data` up to `options.data_tokens`."""
     writer, writer_dtype = answer_writer(pair.target.model, options.writer_dtype)
     say(f"answers are written by the target in {writer_dtype}, as token ids into {options.data}")
     batch = options.answer_batch or answer_batch_for(next(writer.parameters()).device)
@@ -163,7 +185,6 @@ def write_data(
         progress=on_data,
         on_message=say,
     )
-    return data
 
 
 def _cache_data(
@@ -296,19 +317,23 @@ def distill(
         raise RuntimeError(f"no training data in {options.data or options.work}")
     answer_tokens = sum(int(r["ids"].shape[0]) - int(r["prompt_length"]) for r in records)
     say(f"training on {len(records)} answers, {answer_tokens} answer tokens")
-    if options.from_head is not None and options.checkpoint is not None:
-        _start_from_head(pair, options, say)
-    state = train_head(
-        target,
-        records,
-        options.train,
-        options.work,
-        end_tokens=pair.eos_token_ids,
-        vocab_size=pair.vocab_size,
-        progress=on_train,
-        on_message=say,
-        checkpoint_directory=options.checkpoint if options.data is not None else None,
-    )
+    checkpoint_directory = options.checkpoint if options.data is not None else None
+    with held_exclusively(
+        (checkpoint_directory or options.work) / TRAINING_LOCK, "distill training a head"
+    ):
+        if options.from_head is not None and options.checkpoint is not None:
+            _start_from_head(pair, options, say)
+        state = train_head(
+            target,
+            records,
+            options.train,
+            options.work,
+            end_tokens=pair.eos_token_ids,
+            vocab_size=pair.vocab_size,
+            progress=on_train,
+            on_message=say,
+            checkpoint_directory=checkpoint_directory,
+        )
     description = {
         "target": {
             "name": pair.target.name,
@@ -385,6 +410,7 @@ def run(args: argparse.Namespace, front: DistillFront) -> int:
     a --data directory that holds another target's data or does not read, a
     checkpoint made for another target or head shape, a --from-head head made
     for another target);
+    a data or checkpoint directory another distill is writing to;
     130 (Ctrl-C: the last checkpoint and every whole shard are kept, the same
     command resumes).
     """
@@ -418,7 +444,7 @@ def run(args: argparse.Namespace, front: DistillFront) -> int:
                 description = distill(
                     pair, options, on_data=on_data, on_train=on_train, on_message=view.note
                 )
-    except (DataRefused, CheckpointRefused, HeadLoadError) as error:
+    except (DataRefused, CheckpointRefused, HeadLoadError, Busy) as error:
         view.fatal(f"distill: {error}")
         return EXIT_USAGE
     except KeyboardInterrupt:
