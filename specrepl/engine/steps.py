@@ -114,7 +114,8 @@ def decode_steps(
         _update_drafter(drafter, sequence, length + accepted, scored, target.cache, len(appended))
         generated += len(appended)
         clock.pause()
-        event = _event(choice, draft, accepted, appended, (started, drafted, verified), clock)
+        stamps = (started, drafted, verified)
+        event = _event(choice, draft, accepted, appended, stamps, clock, context=length)
         policy.observe(event)
         yield event
         clock.resume()
@@ -140,7 +141,7 @@ def _choose(
     room = min(policy.max_gamma, budget - 1)
     if drafter is None or room <= 0:
         return Choice("", 0, "no drafter" if drafter is None else BUDGET_END)
-    choice = policy.choose(drafter.offers(sequence, room), budget)
+    choice = policy.choose(drafter.offers(sequence, room), budget, context=sequence.shape[0])
     return replace(choice, gamma=min(choice.gamma, room))
 
 
@@ -238,6 +239,8 @@ def _event(
     appended: list[int],
     stamps: tuple[float, float, float],
     clock: Clock,
+    *,
+    context: int,
 ) -> StepEvent:
     """The step's event; `stamps` are the clock at its start, after drafting
     and after the target's pass."""
@@ -256,11 +259,14 @@ def _event(
         choice=choice.reason,
         import_seconds=draft.import_seconds,
         imported_tokens=draft.imported_tokens,
+        context=context,
     )
 
 
 def _prime(policy: GammaPolicy, tuning: Tuning) -> None:
     """Tell the policy the target's step costs per number of drafts, from its
-    forward-width timings (`widths.WidthPlan.step_seconds`), if it was timed."""
-    if tuning.plan is not None:
-        policy.prime(tuning.plan.step_seconds())
+    forward-width timings (`widths.WidthPlan.step_seconds`, and after a long
+    context where they were timed there too), if it was timed."""
+    plan = tuning.plan
+    if plan is not None:
+        policy.prime(plan.step_seconds(), plan.long_step_seconds(), plan.contexts)
