@@ -239,9 +239,7 @@ def test_noisy_old_and_foreign_plans_are_measured_again(tmp_path, monkeypatch) -
 
     def counting(kind):
         def measure(model, max_width, **kwargs):
-            # a plan times the stock form, then the other, then its own after a long context
-            short = kwargs.get("context", widths.SHORT_CONTEXT) == widths.SHORT_CONTEXT
-            if not kwargs.get("weight_first") and short:
+            if not kwargs.get("weight_first"):  # a plan times the stock form, then the other
                 measured.append(max_width)
             return kind(model, max_width)
 

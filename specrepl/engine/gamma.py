@@ -54,21 +54,12 @@ class GammaPolicy(Protocol):
     def observe(self, event: StepEvent) -> None:
         """A step finished."""
 
-    def prime(
-        self,
-        seconds: Mapping[int, float],
-        long_seconds: Mapping[int, float] | None = None,
-        contexts: tuple[int, int] | None = None,
-    ) -> None:
-        """Seconds of a target step with k drafts, timed before the run after
-        `contexts[0]` cached tokens, and `long_seconds` after `contexts[1]`."""
+    def prime(self, seconds: Mapping[int, float]) -> None:
+        """Seconds of a target step with k drafts, timed before the run."""
 
-    def choose(
-        self, offers: Sequence[Offer], budget: int | None = None, context: int | None = None
-    ) -> Choice:
+    def choose(self, offers: Sequence[Offer], budget: int | None = None) -> Choice:
         """The draft source and gamma for the next step, among what the drafter
-        offers; `budget` is how many tokens the answer may still take, `context`
-        how many the sequence holds."""
+        offers; `budget` is how many tokens the answer may still take."""
 
 
 def expected_tokens(acceptance: float, gamma: float) -> float:
@@ -127,23 +118,15 @@ class _SourceChoosing:
     def next_gamma(self) -> int:
         raise NotImplementedError
 
-    def prime(
-        self,
-        seconds: Mapping[int, float],
-        long_seconds: Mapping[int, float] | None = None,
-        contexts: tuple[int, int] | None = None,
-    ) -> None:
-        self.estimates.prime(seconds, long_seconds, contexts)
+    def prime(self, seconds: Mapping[int, float]) -> None:
+        self.estimates.prime(seconds)
 
     def observe(self, event: StepEvent) -> None:
         self.estimates.observe(event)
 
-    def choose(
-        self, offers: Sequence[Offer], budget: int | None = None, context: int | None = None
-    ) -> Choice:
+    def choose(self, offers: Sequence[Offer], budget: int | None = None) -> Choice:
         """The source and gamma for the next step among `offers` (in the
         drafter's order of preference when nothing tells them apart)."""
-        self.estimates.context = context
         gamma = self.next_gamma()
         usable = [offer for offer in offers if offer.drafts > 0]
         self.estimates.offers = tuple(usable)
@@ -297,14 +280,10 @@ class AutoGamma(_SourceChoosing):
             self.last_source = event.source
 
     def next_gamma(self) -> int:
-        offer = Offer(self.last_source, self.max_gamma)
-        return self.choose([offer], context=self.estimates.context).gamma
+        return self.choose([Offer(self.last_source, self.max_gamma)]).gamma
 
-    def choose(
-        self, offers: Sequence[Offer], budget: int | None = None, context: int | None = None
-    ) -> Choice:
+    def choose(self, offers: Sequence[Offer], budget: int | None = None) -> Choice:
         estimates = self.estimates
-        estimates.context = context
         usable = [offer for offer in offers if offer.drafts > 0 and self.max_gamma > 0]
         estimates.offers = tuple(usable)
         if not usable:

@@ -57,8 +57,6 @@ class StepEvent:
     choice: str = ""
     import_seconds: float = 0.0
     imported_tokens: int = 0
-    context: int = 0
-    """Tokens in the sequence before the step: the context its passes attend over."""
 
     @property
     def rejected(self) -> int | None:

@@ -56,11 +56,6 @@ class SourceEstimates:
     PRIOR_WEIGHT = 1.0
     LONG_DECAY = 0.99
     """How slowly the long-run rates fade (a memory of about a hundred steps)."""
-    LINE_DECAY = 0.95
-    """How slowly the line of a draft's cost against the context forgets (about
-    twenty drafting steps: across a chat's turns)."""
-    MIN_CONTEXT_SPREAD = 64.0
-    """Tokens of spread in the contexts drafted at before their line is drawn."""
 
     def __init__(self, max_gamma: int, decay: float) -> None:
         self.decay = decay
@@ -74,10 +69,6 @@ class SourceEstimates:
         """Steps this source has drafted (or been scored on), never faded."""
         self.draft_cost: float | None = None
         """Seconds per draft, beyond the read that gives the first."""
-        self.cost_context: float | None = None
-        """The context `draft_cost` was measured at (weighted as it)."""
-        self._line = [0.0] * 5
-        """Weighted sums of drafting steps: 1, x, y, x², xy (x context, y a draft's seconds)."""
         self.first_read: float | None = None
         self.read_per_token: float | None = None
         self.reads = False  # the source has reported reads: its first draft comes with one
@@ -156,33 +147,10 @@ class SourceEstimates:
                 self.read_per_token = _ema(self.read_per_token, extra, self.decay)
             if gamma >= 2:
                 drafting = max(event.draft_seconds - event.read_seconds, 0.0) / (gamma - 1)
-                self._note_draft_cost(drafting, event.context)
+                self.draft_cost = _ema(self.draft_cost, drafting, self.decay)
         elif gamma > 0 and not catching_up:
             # no read reported: the catch-up after steps without drafts is not a draft cost
-            self._note_draft_cost(event.draft_seconds / gamma, event.context)
-
-    def _note_draft_cost(self, seconds: float, context: int) -> None:
-        self.draft_cost = _ema(self.draft_cost, seconds, self.decay)
-        self.cost_context = _ema(self.cost_context, context, self.decay)
-        n, sx, sy, sxx, sxy = (self.LINE_DECAY * total for total in self._line)
-        x = float(context)
-        self._line = [n + 1, sx + x, sy + seconds, sxx + x * x, sxy + x * seconds]
-
-    def draft_cost_at(self, context: int | None) -> float | None:
-        """Seconds per draft at `context`: the recent cost, moved along the line
-        its drafting steps draw against their contexts (a draft attends over
-        the context: in llama.cpp on a 2-core AMD EPYC, about 10 ms after 100
-        tokens and 25 after 2,700) once they spread over enough of it."""
-        cost, then = self.draft_cost, self.cost_context
-        n, sx, sy, sxx, sxy = self._line
-        if cost is None or then is None or context is None or n < 2:
-            return cost
-        mean_x, mean_y = sx / n, sy / n
-        variance = sxx / n - mean_x * mean_x
-        if variance < self.MIN_CONTEXT_SPREAD**2:
-            return cost
-        slope = max((sxy / n - mean_x * mean_y) / variance, 0.0)
-        return max(cost + slope * (context - then), 0.5 * cost)
+            self.draft_cost = _ema(self.draft_cost, event.draft_seconds / gamma, self.decay)
 
     def read_seconds(self, unread: int, share: float = 1.0) -> float:
         """Seconds to read `unread` tokens, the part beyond the usual one or two
@@ -198,14 +166,11 @@ class SourceEstimates:
         extra = (unread - 2) * (per_token if per_token is not None else first)
         return first + share * extra
 
-    def drafting_seconds(
-        self, gamma: int, unread: int, share: float = 1.0, context: int | None = None
-    ) -> float:
-        """Seconds to propose `gamma` drafts after reading `unread` tokens, at
-        `context` when known."""
+    def drafting_seconds(self, gamma: int, unread: int, share: float = 1.0) -> float:
+        """Seconds to propose `gamma` drafts after reading `unread` tokens."""
         if gamma <= 0:
             return 0.0
-        cost = self.draft_cost_at(context) or 0.0
+        cost = self.draft_cost or 0.0
         if self.reads:
             return self.read_seconds(max(unread, 1), share) + (gamma - 1) * cost
         return gamma * cost
@@ -225,10 +190,8 @@ class StepEstimates:
     The target's cost per k is as measured in this run (exponentially
     weighted), else from `prime`'s timings taken before the run (the
     forward-width timings, `widths.py`) scaled by how this run's measured
-    steps compare with them, else a line through what was measured. Where the
-    timings were taken after a short and a long context, every cost is carried
-    to the context of the step being decided (`context`) along their line.
-    The first step (the target's prompt pass) is not used for costs.
+    steps compare with them, else a line through what was measured. The first
+    step (the target's prompt pass) is not used for costs.
     """
 
     def __init__(self, max_gamma: int, decay: float = 0.9) -> None:
@@ -236,13 +199,7 @@ class StepEstimates:
         self.decay = decay
         self.sources: dict[str, SourceEstimates] = {}
         self.target_cost: dict[int, float] = {}
-        self.target_context: dict[int, float] = {}
-        """The context each measured cost was measured at (weighted as the cost)."""
         self.prior_cost: dict[int, float] = {}
-        self.prior_long: dict[int, float] = {}
-        self.prior_contexts: tuple[int, int] | None = None
-        self.context: int | None = None
-        """The sequence's length for the step being decided (None: unknown)."""
         self.steps = 0
         self.plain_steps = 0
         self.offers: tuple[Offer, ...] = ()
@@ -280,62 +237,25 @@ class StepEstimates:
             self.source(event.source).observe_costs(event, catching_up)
         k = event.gamma
         self.target_cost[k] = _ema(self.target_cost.get(k), event.target_seconds, self.decay)
-        self.target_context[k] = _ema(self.target_context.get(k), event.context, self.decay)
 
-    def prime(
-        self,
-        seconds: Mapping[int, float],
-        long_seconds: Mapping[int, float] | None = None,
-        contexts: tuple[int, int] | None = None,
-    ) -> None:
-        """Seconds of a target step with k drafts, timed before this run after
-        `contexts[0]` cached tokens, and `long_seconds` after `contexts[1]`."""
+    def prime(self, seconds: Mapping[int, float]) -> None:
+        """Seconds of a target step with k drafts, timed before this run."""
         self.prior_cost = {k: t for k, t in seconds.items() if t > 0}
-        long = {k: t for k, t in (long_seconds or {}).items() if t > 0 and k in self.prior_cost}
-        usable = contexts is not None and contexts[1] > contexts[0] >= 0 and long
-        self.prior_long = long if usable else {}
-        self.prior_contexts = contexts if usable else None
-
-    def prior_at(self, k: int, context: float | None) -> float | None:
-        """The timed cost of k drafts at `context`: on the line through the two
-        timings (never falling with the context), the short one when only it was
-        taken or the context is unknown; None when k was not timed."""
-        short = self.prior_cost.get(k)
-        if short is None:
-            return None
-        long = self.prior_long.get(k)
-        if long is None or context is None or self.prior_contexts is None:
-            return short
-        near, far = self.prior_contexts
-        slope = max(long - short, 0.0) / (far - near)
-        return short + slope * max(context - near, 0.0)
 
     def verify_cost(self, k: int) -> float:
         """Seconds for a target step with k drafts (see the class).
 
         Measured values win because the cost need not grow with k: on a 2-core
         CPU the embedded target took 58, 97, 119, 89 and 81 ms to score 1 to 5
-        tokens (small matrix shapes take slower kernels). A cost measured at
-        another context is carried to this one along the timings' line (on a
-        2-core AMD EPYC, 15 drafts cost 78 ms after 48 tokens and about 200
-        after 2,700, 7 drafts 65 and about 140), so that what a chat's short
-        turns measured does not speak for a long one.
+        tokens (small matrix shapes take slower kernels).
         """
-        now = self.context
-        prior_now = self.prior_at(k, now)
-        if k in self.target_cost:  # measured: carried to this context along the timings
-            measured = self.target_cost[k]
-            prior_then = self.prior_at(k, self.target_context.get(k))
-            if prior_now is None or prior_then is None:
-                return measured
-            return measured * prior_now / prior_then
-        if prior_now is not None:
+        if k in self.target_cost:
+            return self.target_cost[k]
+        if k in self.prior_cost:
             ratios = [
-                t / prior
-                for j, t in self.target_cost.items()
-                if (prior := self.prior_at(j, self.target_context.get(j))) is not None
+                t / self.prior_cost[j] for j, t in self.target_cost.items() if j in self.prior_cost
             ]
-            return prior_now * (statistics.median(ratios) if ratios else 1.0)
+            return self.prior_cost[k] * (statistics.median(ratios) if ratios else 1.0)
         known = sorted(self.target_cost.items())
         if not known:
             return 1.0  # nothing timed: every step costs the same unknown unit
@@ -358,6 +278,5 @@ class StepEstimates:
         source = self.source(offer.source)
         tokens = source.expected_tokens(gamma)
         share = 1.0 if not budget else min(1.0, tokens / budget)
-        drafting = source.drafting_seconds(gamma, offer.unread, share, self.context)
-        seconds = drafting + self.verify_cost(gamma)
+        seconds = source.drafting_seconds(gamma, offer.unread, share) + self.verify_cost(gamma)
         return tokens / seconds

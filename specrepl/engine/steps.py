@@ -114,8 +114,7 @@ def decode_steps(
         _update_drafter(drafter, sequence, length + accepted, scored, target.cache, len(appended))
         generated += len(appended)
         clock.pause()
-        stamps = (started, drafted, verified)
-        event = _event(choice, draft, accepted, appended, stamps, clock, context=length)
+        event = _event(choice, draft, accepted, appended, (started, drafted, verified), clock)
         policy.observe(event)
         yield event
         clock.resume()
@@ -141,7 +140,7 @@ def _choose(
     room = min(policy.max_gamma, budget - 1)
     if drafter is None or room <= 0:
         return Choice("", 0, "no drafter" if drafter is None else BUDGET_END)
-    choice = policy.choose(drafter.offers(sequence, room), budget, context=sequence.shape[0])
+    choice = policy.choose(drafter.offers(sequence, room), budget)
     return replace(choice, gamma=min(choice.gamma, room))
 
 
@@ -239,8 +238,6 @@ def _event(
     appended: list[int],
     stamps: tuple[float, float, float],
     clock: Clock,
-    *,
-    context: int,
 ) -> StepEvent:
     """The step's event; `stamps` are the clock at its start, after drafting
     and after the target's pass."""
@@ -259,14 +256,11 @@ def _event(
         choice=choice.reason,
         import_seconds=draft.import_seconds,
         imported_tokens=draft.imported_tokens,
-        context=context,
     )
 
 
 def _prime(policy: GammaPolicy, tuning: Tuning) -> None:
     """Tell the policy the target's step costs per number of drafts, from its
-    forward-width timings (`widths.WidthPlan.step_seconds`, and after a long
-    context where they were timed there too), if it was timed."""
-    plan = tuning.plan
-    if plan is not None:
-        policy.prime(plan.step_seconds(), plan.long_step_seconds(), plan.contexts)
+    forward-width timings (`widths.WidthPlan.step_seconds`), if it was timed."""
+    if tuning.plan is not None:
+        policy.prime(tuning.plan.step_seconds())

@@ -26,7 +26,7 @@ from __future__ import annotations
 import platform
 import statistics
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -37,7 +37,6 @@ from specrepl.engine.kv_cache import new_cache, rollback_to
 from specrepl.engine.linear_forms import weight_first_rows
 
 __all__ = [
-    "SHORT_CONTEXT",
     "WidthPlan",
     "cpu_identity",
     "cpu_model",
@@ -49,9 +48,6 @@ __all__ = [
     "spread",
 ]
 
-SHORT_CONTEXT = 48
-"""Cached tokens before the timed passes of a width plan, unless told otherwise."""
-
 
 @dataclass(frozen=True)
 class WidthPlan:
@@ -61,36 +57,21 @@ class WidthPlan:
     seconds: dict[int, float]
     padded: dict[int, int]
     weight_first: frozenset[int] = frozenset()
-    long_seconds: dict[int, float] = field(default_factory=dict)
-    """The same widths, in the same forms, timed after a long context."""
-    contexts: tuple[int, int] | None = None
-    """(short, long): the cached tokens before `seconds` and `long_seconds`."""
 
     def to_dict(self) -> dict[str, object]:
-        described: dict[str, object] = {
+        return {
             "ms_per_width": {w: round(s * 1e3, 2) for w, s in sorted(self.seconds.items())},
             "padded": {w: p for w, p in sorted(self.padded.items()) if p != w},
             "weight_first": sorted(self.weight_first),
         }
-        if self.long_seconds and self.contexts is not None:
-            described["contexts"] = list(self.contexts)
-            described["ms_per_width_long"] = {
-                w: round(s * 1e3, 2) for w, s in sorted(self.long_seconds.items())
-            }
-        return described
 
     def step_seconds(self) -> dict[int, float]:
         """Measured seconds of a step with k drafts, by k: it feeds k + 1 tokens,
         padded to the width the plan chose."""
-        return self._by_drafts(self.seconds)
-
-    def long_step_seconds(self) -> dict[int, float]:
-        """The same after the long context (empty when it was not timed)."""
-        return self._by_drafts(self.long_seconds)
-
-    def _by_drafts(self, seconds: dict[int, float]) -> dict[int, float]:
         return {
-            width - 1: seconds[padded] for width, padded in self.padded.items() if padded in seconds
+            width - 1: self.seconds[padded]
+            for width, padded in self.padded.items()
+            if padded in self.seconds
         }
 
 
@@ -98,7 +79,7 @@ def measure_widths(
     model: PreTrainedModel,
     max_width: int,
     *,
-    context: int = SHORT_CONTEXT,
+    context: int = 48,
     repeats: int = 5,
     seed: int = 0,
     weight_first: frozenset[int] = frozenset(),
@@ -130,7 +111,7 @@ def measure_width_samples(
     model: PreTrainedModel,
     max_width: int,
     *,
-    context: int = SHORT_CONTEXT,
+    context: int = 48,
     repeats: int = 5,
     seed: int = 0,
     weight_first: frozenset[int] = frozenset(),
@@ -181,20 +162,13 @@ def plan_widths(
 
 
 def measure_plan(
-    model: PreTrainedModel,
-    max_width: int,
-    *,
-    forms: bool = False,
-    long_context: int | None = None,
-    **measure: int,
+    model: PreTrainedModel, max_width: int, *, forms: bool = False, **measure: int
 ) -> tuple[WidthPlan, float]:
     """Time every width in the stock form and, when the model's layers can take
     it (`forms`: they were switched by `linear_forms.allow_forms` before, so that
     the stock form is timed on the layers that will run it), weight first; plan
-    with the cheaper form of each width. With `long_context`, time the plan's
-    widths again after that many cached tokens: a wide pass's attention grows
-    with the context, so the widths' costs need not keep their proportions.
-    Returns the plan and the spread of the noisiest timings."""
+    with the cheaper form of each width. Returns the plan and the spread of the
+    noisiest timings."""
     stock = measure_width_samples(model, max_width, **measure)
     samples = [stock]
     seconds = {w: statistics.median(t) for w, t in stock.items()}
@@ -207,18 +181,6 @@ def measure_plan(
                 seconds[width] = median
                 weight_first.add(width)
     plan = plan_widths(seconds, weight_first=frozenset(weight_first))
-    if long_context is not None:
-        short = int(measure.get("context", SHORT_CONTEXT))
-        repeats = int(measure.get("repeats", 5))
-        long = measure_width_samples(
-            model, max_width, context=long_context, repeats=repeats, weight_first=plan.weight_first
-        )
-        samples.append(long)
-        plan = replace(
-            plan,
-            long_seconds={w: statistics.median(t) for w, t in long.items()},
-            contexts=(short, long_context),
-        )
     return plan, max(spread(s) for s in samples)
 
 

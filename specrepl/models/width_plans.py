@@ -18,33 +18,21 @@ nothing about decoding, settings or the terminal.
 from __future__ import annotations
 
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from specrepl.engine.widths import (
-    SHORT_CONTEXT,
-    WidthPlan,
-    cpu_identity,
-    measure_plan,
-    plan_widths,
-)
+from specrepl.engine.widths import WidthPlan, cpu_identity, measure_plan, plan_widths
 from specrepl.models.loaded import LoadedModel
 from specrepl.models.pair import ModelPair
 from specrepl.models.tuning import allow_linear_forms
 from specrepl.store.json_file import read_json_object, write_json_object
 
-__all__ = ["LONG_CONTEXT", "MAX_PLAN_AGE_DAYS", "NOISY_SPREAD", "tune_pair_widths"]
+__all__ = ["MAX_PLAN_AGE_DAYS", "NOISY_SPREAD", "tune_pair_widths"]
 
 MAX_PLAN_AGE_DAYS = 30
 NOISY_SPREAD = 0.25  # (second largest - second smallest) / median of one width's repeats
-LONG_CONTEXT = 1024
-"""Cached tokens before the second timing of every width (fewer where the model's
-positions end sooner): a chat with a pasted document runs there, and a wide
-pass's share of attention grows with the context. Between and beyond the two
-timings a gamma policy draws a line (attention grows linearly with context)."""
 
 
 def tune_pair_widths(
@@ -83,18 +71,11 @@ def _measure(
     """Time `loaded`'s widths (its layers switched first: the stock form is timed
     on the layers that will run it) and note the plan in `saved` unless noisy."""
     allow_linear_forms(loaded.model, loaded.tuning)
-    plan, noise = measure_plan(
-        loaded.model,
-        max_width,
-        forms=loaded.tuning.linear_forms,
-        long_context=_long_context(loaded, max_width),
-    )
+    plan, noise = measure_plan(loaded.model, max_width, forms=loaded.tuning.linear_forms)
     if noise <= NOISY_SPREAD:
         saved[key] = {
             "seconds": plan.seconds,
             "weight_first": sorted(plan.weight_first),
-            "long_seconds": plan.long_seconds,
-            "contexts": list(plan.contexts) if plan.contexts else None,
             "measured_at": now,
             "spread": noise,
         }
@@ -115,17 +96,8 @@ def _plan_key(loaded: LoadedModel, max_width: int) -> str:
         f"threads={torch.get_num_threads()}",
         f"torch={torch.__version__}",
         f"widths=1..{max_width}",
-        f"contexts={SHORT_CONTEXT},{_long_context(loaded, max_width)}",
     )
     return " | ".join(parts)
-
-
-def _long_context(loaded: LoadedModel, max_width: int) -> int | None:
-    """`LONG_CONTEXT`, or what the model's positions leave room for (None: too few)."""
-    config = loaded.model.config.get_text_config()
-    positions = getattr(config, "max_position_embeddings", None)
-    room = LONG_CONTEXT if not positions else min(LONG_CONTEXT, int(positions) - max_width - 1)
-    return room if room >= 4 * SHORT_CONTEXT else None
 
 
 def _stored_plan(entry: Any, now: float) -> WidthPlan | None:
@@ -141,13 +113,4 @@ def _stored_plan(entry: Any, now: float) -> WidthPlan | None:
         return None
     if not seconds or not all(t > 0 for t in seconds.values()):
         return None
-    plan = plan_widths(seconds, weight_first=weight_first)
-    try:  # the second timing, after a long context, where it was taken
-        long_seconds = {int(w): float(t) for w, t in (entry.get("long_seconds") or {}).items()}
-        contexts = entry.get("contexts")
-        short, long = (int(contexts[0]), int(contexts[1])) if contexts else (0, 0)
-    except (TypeError, ValueError, IndexError, AttributeError):
-        return plan
-    if long_seconds and long > short > 0 and all(t > 0 for t in long_seconds.values()):
-        plan = replace(plan, long_seconds=long_seconds, contexts=(short, long))
-    return plan
+    return plan_widths(seconds, weight_first=weight_first)
