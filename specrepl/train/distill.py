@@ -409,9 +409,8 @@ def run(args: argparse.Namespace, front: DistillFront) -> int:
     Exit status: 0; 1 (the target cannot be loaded); 2 (a bad flag or config,
     a --data directory that holds another target's data or does not read, a
     checkpoint made for another target or head shape, a --from-head head made
-    for another target);
-    a data or checkpoint directory another distill is writing to;
-    130 (Ctrl-C: the last checkpoint and every whole shard are kept, the same
+    for another target, a data or checkpoint directory another distill is
+    writing to); 130 (Ctrl-C: the last checkpoint and every whole shard are kept, the same
     command resumes).
     """
     view = front.view

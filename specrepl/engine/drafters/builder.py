@@ -32,7 +32,7 @@ from specrepl.engine.drafters.hybrid import HybridDrafter
 from specrepl.engine.drafters.lookup import LookupDrafter
 from specrepl.engine.drafters.model import ModelDrafter
 from specrepl.engine.drafters.ngram import NgramDrafter
-from specrepl.engine.drafters.options import DRAFTER_KINDS, DrafterOptions
+from specrepl.engine.drafters.options import DRAFTER_KINDS, DrafterOptions, names_auto_head
 from specrepl.engine.drafters.runtime import RuntimeChoice
 from specrepl.engine.tuning import Tuning
 
@@ -150,8 +150,7 @@ def load_drafter_head(name: str, target: PreTrainedModel) -> tuple[DraftHead, di
     directory = locate_head(name, target)
     # "auto" found the head by the target's fingerprint: computing it again costs a pass
     # over every parameter at start-up
-    found_by_fingerprint = name.strip().lower() == "auto"
-    head, description = load_head(directory, target, check_fingerprint=not found_by_fingerprint)
+    head, description = load_head(directory, target, check_fingerprint=not names_auto_head(name))
     description = {**description, "path": str(directory)}
     if head.output_rows.device.type == "cpu" and head.output_rows.dtype == torch.float32:
         best, timed = fastest_dtype(head, HEAD_DTYPES)

@@ -21,6 +21,7 @@ from safetensors.torch import load_file, save_file
 from transformers import PreTrainedModel
 
 from specrepl.engine.drafters.draft_head import DraftHead, HeadConfig, check_fused_layers
+from specrepl.engine.drafters.options import names_auto_head
 from specrepl.store.atomic import write_atomically, write_text_atomically
 from specrepl.store.paths import EMBEDDED_HEADS_DIR, kept_heads_dir
 
@@ -81,7 +82,7 @@ def locate_head(name: str, target: PreTrainedModel) -> Path:
     """The directory of the head `name` names for `target`: "auto" finds one
     trained for it (`find_head_for`; HeadLoadError, saying where it looked, when
     there is none); any other name is `resolve_head`'s."""
-    if name.strip().lower() != "auto":
+    if not names_auto_head(name):
         return resolve_head(name)
     found = find_head_for(target)
     if found is None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["AUTO_HEAD", "DRAFTER_KINDS", "DRAFTER_RUNTIMES", "DrafterOptions"]
+__all__ = ["AUTO_HEAD", "DRAFTER_KINDS", "DRAFTER_RUNTIMES", "DrafterOptions", "names_auto_head"]
 
 DRAFTER_KINDS = ("model", "ngram", "lookup", "hybrid", "head")
 
@@ -26,6 +26,11 @@ AUTO_HEAD = "auto"
 heads shipped with specrepl and those the user keeps (`head_store.find_head_for`).
 The `head` kind drafts with it; `hybrid` drafts with it instead of the drafter
 model only where it measured faster on this machine (`chat.draft_choice`)."""
+
+
+def names_auto_head(name: str | None) -> bool:
+    """Whether a head name is `AUTO_HEAD` (any case, spaces around it ignored)."""
+    return name is not None and name.strip().lower() == AUTO_HEAD
 
 
 @dataclass(frozen=True)
@@ -58,7 +63,7 @@ class DrafterOptions:
     def head_is_auto(self) -> bool:
         """The head is `AUTO_HEAD`: for `hybrid`, whether it drafts with a head or
         the model is still to be chosen by timing (`chooses_head`)."""
-        return self.head is not None and self.head.strip().lower() == AUTO_HEAD
+        return names_auto_head(self.head)
 
     @property
     def chooses_head(self) -> bool:
