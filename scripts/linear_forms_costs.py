@@ -1,5 +1,6 @@
 """Forward seconds per width of the embedded pair's models with their linear layers
-in the stock form (x Wᵀ) and weight first ((W xᵀ)ᵀ), on this machine.
+in the stock form (x Wᵀ), weight first ((W xᵀ)ᵀ) and packed (oneDNN with a packed
+copy of the weights, where this torch and CPU can), on this machine.
 
     HF_HUB_OFFLINE=1 .venv/bin/python scripts/linear_forms_costs.py [--rounds 3]
 
@@ -13,10 +14,11 @@ from __future__ import annotations
 import argparse
 import statistics
 
-from specrepl.engine.widths import cpu_model, measure_width_samples
+from specrepl.engine.linear_forms import RowForms
+from specrepl.engine.widths import cpu_identity, measure_width_samples
 from specrepl.models.loading import load_pair
 from specrepl.models.specs import ModelSpec
-from specrepl.models.tuning import allow_linear_forms
+from specrepl.models.tuning import allow_linear_forms, pack_linear_weights
 
 
 def main() -> int:
@@ -26,17 +28,20 @@ def main() -> int:
     parser.add_argument("--context", type=int, default=100)
     args = parser.parse_args()
 
-    print(cpu_model())
+    print(cpu_identity())
     pair = load_pair("embedded", ModelSpec("embedded", dtype="bfloat16"))
     every = frozenset(range(1, args.max_width + 1))
     for role, loaded in (("target", pair.target), ("drafter", pair.drafter)):
         model = loaded.model
         allow_linear_forms(model, loaded.tuning)
-        times: dict[str, dict[int, list[float]]] = {"stock": {}, "weight first": {}}
+        forms = {"stock": RowForms(), "weight first": RowForms(weight_first=every)}
+        if pack_linear_weights(model, loaded.tuning):
+            forms["packed"] = RowForms(packed=every)
+        times: dict[str, dict[int, list[float]]] = {form: {} for form in forms}
         for _ in range(args.rounds):
-            for form, rows in (("stock", frozenset()), ("weight first", every)):
+            for form, row_forms in forms.items():
                 samples = measure_width_samples(
-                    model, args.max_width, context=args.context, repeats=3, weight_first=rows
+                    model, args.max_width, context=args.context, repeats=3, forms=row_forms
                 )
                 for width, seconds in samples.items():
                     times[form].setdefault(width, []).extend(seconds)

@@ -67,9 +67,7 @@ def test_unrolled_training_passes_match_drafting_step_by_step(target) -> None:
     assert torch.allclose(third, passes[2][:, 8:9], atol=1e-5)
 
 
-def test_top_k_agreement_grows_with_k_and_is_whole_over_the_draft_vocabulary(
-    target, head
-) -> None:
+def test_top_k_agreement_grows_with_k_and_is_whole_over_the_draft_vocabulary(target, head) -> None:
     """`evaluate_head(top=k)`: the target's token among the head's k likeliest;
     k=1 is top-1 agreement, and k = the draft vocabulary holds every label."""
     generator = torch.Generator().manual_seed(7)

@@ -14,18 +14,28 @@ from specrepl.engine.forward import forward_logits
 from specrepl.engine.generation import autoregressive_generate, speculative_generate
 from specrepl.engine.kv_cache import cached_length, new_cache
 from specrepl.engine.linear_forms import (
+    STOCK,
     FormChoosingLinear,
+    RowForms,
     allow_forms,
+    chosen_forms,
     forms_allowed,
+    pack_weights,
+    packing_works,
     stock_forms,
-    weight_first_rows,
+    weights_packed,
 )
 from specrepl.engine.processors import TopKProcessor
 from specrepl.engine.tuning import Tuning
 from specrepl.engine.widths import WidthPlan, measure_widths, plan_widths
 from specrepl.models import width_plans
 from specrepl.models.pair import ModelPair
-from specrepl.models.tuning import allow_linear_forms, undo_tuning
+from specrepl.models.tuning import (
+    allow_linear_forms,
+    apply_tuning,
+    pack_linear_weights,
+    undo_tuning,
+)
 from specrepl.testing import perturbed_copy, tiny_llama, tiny_tokenizer
 
 PROMPTS = ([1, 5, 9, 12], [1, 17, 4, 30, 8, 8, 2, 11], [7])
@@ -107,7 +117,7 @@ def test_weight_first_gives_the_stock_products() -> None:
     for shape in ((1, 1), (1, 5), (2, 3), (9,)):
         x = torch.randn(*shape, layer.in_features)
         stock = torch.nn.functional.linear(x, layer.weight)
-        with weight_first_rows(frozenset(range(1, 20))):
+        with chosen_forms(RowForms(weight_first=frozenset(range(1, 20)))):
             chosen = layer(x)
         torch.testing.assert_close(chosen, stock)
         assert torch.equal(layer(x), stock)  # outside a block: the stock kernel itself
@@ -150,17 +160,26 @@ def test_the_linear_forms_are_recorded_and_undone() -> None:
 
 
 def test_a_plan_keeps_the_cheaper_form_of_each_width(monkeypatch, target) -> None:
-    def measured(model, max_width, weight_first=frozenset(), **kwargs):
-        # weight first is cheaper at widths 2 and 3 only
-        stock = {1: 1.0, 2: 3.0, 3: 3.0, 4: 2.0}
-        cost = {1: 1.1, 2: 1.5, 3: 1.8, 4: 2.5} if weight_first else stock
+    def measured(model, max_width, forms=STOCK, **kwargs):
+        # weight first is cheaper at widths 2 and 3, packed at 3 (more so) and 5
+        cost = {1: 1.0, 2: 3.0, 3: 3.0, 4: 2.0, 5: 4.0}
+        if forms.weight_first:
+            cost = {1: 1.1, 2: 1.5, 3: 1.8, 4: 2.5, 5: 4.5}
+        if forms.packed:
+            cost = {1: 1.2, 2: 1.6, 3: 1.7, 4: 2.1, 5: 2.2}
         return {w: [cost[w]] * 5 for w in range(1, max_width + 1)}
 
     monkeypatch.setattr(widths, "measure_width_samples", measured)
-    plan, noise = widths.measure_plan(target, 4, forms=True)
+    plan, noise = widths.measure_plan(target, 5, forms=True)
     assert plan.weight_first == frozenset({2, 3}) and noise == 0.0
-    assert plan.seconds == {1: 1.0, 2: 1.5, 3: 1.8, 4: 2.0}
+    assert plan.packed == frozenset()  # the layers hold no packed copy: not timed
+    assert plan.seconds == {1: 1.0, 2: 1.5, 3: 1.8, 4: 2.0, 5: 4.0}
     assert plan.to_dict()["weight_first"] == [2, 3]
+    plan, _ = widths.measure_plan(target, 5, forms=True, packed=True)
+    assert plan.weight_first == frozenset({2}) and plan.packed == frozenset({3, 5})
+    assert plan.seconds == {1: 1.0, 2: 1.5, 3: 1.7, 4: 2.0, 5: 2.2}
+    assert plan.to_dict()["packed"] == [3, 5]
+    assert plan.forms == RowForms(weight_first=frozenset({2}), packed=frozenset({3, 5}))
 
 
 def test_seeded_sampling_with_padding_is_unchanged(target) -> None:
@@ -239,7 +258,7 @@ def test_noisy_old_and_foreign_plans_are_measured_again(tmp_path, monkeypatch) -
 
     def counting(kind):
         def measure(model, max_width, **kwargs):
-            if not kwargs.get("weight_first"):  # a plan times the stock form, then the other
+            if not kwargs.get("forms"):  # a plan times the stock form, then the others
                 measured.append(max_width)
             return kind(model, max_width)
 
@@ -264,15 +283,129 @@ def test_noisy_old_and_foreign_plans_are_measured_again(tmp_path, monkeypatch) -
         {**entry, "measured_at": entry["measured_at"] - 31 * 86400},
         {"seconds": entry["seconds"]},
         {key: value for key, value in entry.items() if key != "weight_first"},  # before forms
+        {key: value for key, value in entry.items() if key != "packed"},  # before packing
         {**entry, "measured_at": entry["measured_at"] + 86400},
         {**entry, "seconds": {"1": -1.0}},
     ):
         store.write_text(json.dumps({key: stale for key in saved}))
         width_plans.tune_pair_widths(pair, 3, store=store)
-    assert len(measured) == 8
+    assert len(measured) == 9
 
 
 def test_spread_leaves_the_extremes_out() -> None:
     assert widths.spread({1: [1.0, 1.0, 1.0, 1.0, 5.0]}) == 0.0  # one slow repeat is not noise
     assert widths.spread({1: [1.0, 1.0, 1.5, 2.0, 2.0], 2: [1.0] * 5}) == pytest.approx(1 / 1.5)
     assert widths.spread({1: [1.0, 9.0]}) == 0.0  # too few repeats to judge
+
+
+needs_packing = pytest.mark.skipif(
+    not packing_works(torch.float32), reason="this torch cannot pack weights on this CPU"
+)
+
+
+@needs_packing
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_packed_weights_give_the_stock_products(dtype) -> None:
+    if not packing_works(dtype):
+        pytest.skip(f"this torch cannot pack {dtype} weights on this CPU")
+    model = tiny_llama(32, seed=0).to(dtype)
+    layer = model.model.layers[0].mlp.down_proj
+    allow_forms(model)
+    assert pack_weights(model) > 0 and weights_packed(model)
+    tolerance = {"rtol": 1e-5, "atol": 1e-5} if dtype == torch.float32 else {}
+    for shape in ((1, 1), (1, 5), (2, 3), (9,), (1, 17)):
+        x = torch.randn(*shape, layer.in_features).to(dtype)
+        stock = torch.nn.functional.linear(x, layer.weight)
+        with chosen_forms(RowForms(packed=frozenset(range(1, 20)))):
+            chosen = layer(x)
+        assert chosen.shape == stock.shape and chosen.dtype == dtype
+        torch.testing.assert_close(chosen, stock, **tolerance)
+        assert torch.equal(layer(x), stock)  # outside a block: the stock kernel itself
+    stock_forms(model)
+    assert not weights_packed(model) and not forms_allowed(model)
+
+
+@needs_packing
+@pytest.mark.parametrize("gamma", [1, 3, 8, 16])
+def test_greedy_speculative_packed_equals_the_target(monkeypatch, target, gamma) -> None:
+    monkeypatch.setattr("specrepl.models.tuning.available_memory", lambda: 1 << 40)
+    references = [autoregressive_generate(p, target, max_gen_len=24).token_ids for p in PROMPTS]
+    drafter = perturbed_copy(target, 0.1, seed=1)
+    every = frozenset(range(1, 18))
+    tunings = {
+        model: Tuning(WidthPlan(seconds={}, padded={}, packed=every, weight_first=every))
+        for model in (target, drafter)
+    }
+    for model, tuning in tunings.items():
+        assert tuning.packed == frozenset()  # no packed copies yet: stock
+        allow_linear_forms(model, tuning)
+        assert pack_linear_weights(model, tuning) and tuning.packed == every
+        assert tuning.forms.packed == every
+    for prompt, reference in zip(PROMPTS, references, strict=True):
+        for draft_with in (ModelDrafter(drafter, tuning=tunings[drafter]), NgramDrafter(3)):
+            result = speculative_generate(
+                prompt, draft_with, target, gamma=gamma, max_gen_len=24, tuning=tunings[target]
+            )
+            assert result.token_ids == reference
+
+
+@needs_packing
+def test_packing_needs_room_in_memory_and_is_undone(monkeypatch) -> None:
+    model = tiny_llama(32, seed=0)
+    tuning = Tuning(WidthPlan(seconds={}, padded={}, packed=frozenset({2})))
+    assert not pack_linear_weights(model, tuning)  # the layers were not switched
+    allow_linear_forms(model, tuning)
+    need = sum(m.weight.numel() * 4 for m in model.modules() if isinstance(m, FormChoosingLinear))
+    for free in (None, need, 2 * need - 1):  # unknown, or the copy would take over half
+        monkeypatch.setattr("specrepl.models.tuning.available_memory", lambda free=free: free)
+        assert not pack_linear_weights(model, tuning) and not weights_packed(model)
+        assert tuning.packed == frozenset()
+    monkeypatch.setattr("specrepl.models.tuning.available_memory", lambda: 2 * need)
+    assert pack_linear_weights(model, tuning) and weights_packed(model)
+    assert tuning.packed == {2}
+    again = tiny_llama(32, seed=0)  # the same weights loaded again take the same forms
+    apply_tuning(again, tuning)
+    assert weights_packed(again) and tuning.packed_weights
+    undo_tuning(model, tuning)
+    assert not weights_packed(model) and not forms_allowed(model) and tuning.packed == frozenset()
+
+
+@needs_packing
+def test_a_stored_packed_plan_without_room_now_is_measured_again(tmp_path, monkeypatch) -> None:
+    pair = ModelPair.from_models(tiny_llama(32, seed=0), None, tiny_tokenizer(32))
+    store = tmp_path / "widths.json"
+    measured: list[RowForms] = []
+
+    def packed_is_cheaper(model, max_width, forms=STOCK, **kwargs):
+        measured.append(forms)
+        scale = 0.5 if forms.packed else 1.0
+        return {w: [scale * t for t in times] for w, times in _steady(model, max_width).items()}
+
+    monkeypatch.setattr(widths, "measure_width_samples", packed_is_cheaper)
+    monkeypatch.setattr("specrepl.models.tuning.available_memory", lambda: 1 << 40)
+    plan = width_plans.tune_pair_widths(pair, 3, store=store)["target"]
+    assert plan.packed == {1, 2, 3, 4} and pair.target.tuning.packed == {1, 2, 3, 4}
+    assert len(measured) == 3 and json.loads(store.read_text())  # stock, weight first, packed
+    undo_tuning(pair.target.model, pair.target.tuning)
+    width_plans.tune_pair_widths(pair, 3, store=store)  # room: the stored plan, packed again
+    assert len(measured) == 3 and pair.target.tuning.packed == {1, 2, 3, 4}
+    undo_tuning(pair.target.model, pair.target.tuning)
+    monkeypatch.setattr("specrepl.models.tuning.available_memory", lambda: 0)
+    plan = width_plans.tune_pair_widths(pair, 3, store=store)["target"]
+    assert len(measured) == 5 and plan.packed == frozenset()  # stock and weight first only
+    assert not weights_packed(pair.target.model)
+
+
+@needs_packing
+def test_packed_copies_no_width_uses_are_dropped(monkeypatch) -> None:
+    pair = ModelPair.from_models(tiny_llama(32, seed=0), None, tiny_tokenizer(32))
+
+    def packed_is_dearer(model, max_width, forms=STOCK, **kwargs):
+        scale = 2.0 if forms.packed else 1.0
+        return {w: [scale * t for t in times] for w, times in _steady(model, max_width).items()}
+
+    monkeypatch.setattr(widths, "measure_width_samples", packed_is_dearer)
+    monkeypatch.setattr("specrepl.models.tuning.available_memory", lambda: 1 << 40)
+    plan = width_plans.tune_pair_widths(pair, 3)["target"]
+    assert plan.packed == frozenset() and not weights_packed(pair.target.model)
+    assert not pair.target.tuning.packed_weights

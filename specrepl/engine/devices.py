@@ -1,4 +1,4 @@
-"""Device housekeeping: reading a clock after the device's queued work, and giving memory back.
+"""Device housekeeping: reading a clock after the device's queued work, and memory.
 
 CUDA and MPS run kernels asynchronously, so a timer read right after a model
 call measures the launch, not the work. Every timing in specrepl (the
@@ -11,6 +11,9 @@ heap trimmed. A model's many small tensors live on that heap, which glibc
 keeps after they are freed: dropping the embedded bfloat16 drafter (~257 MiB)
 gave back 54 MiB of resident memory without the trim and 184 MiB with it
 (2-core AMD EPYC).
+
+`available_memory` says how much more memory the system could give (the
+loader asks before it makes a second copy of a model's weights).
 """
 
 from __future__ import annotations
@@ -19,12 +22,14 @@ import ctypes
 import ctypes.util
 import functools
 import gc
+import os
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
-__all__ = ["release_memory", "synchronize"]
+__all__ = ["available_memory", "release_memory", "synchronize"]
 
 
 def synchronize(device: torch.device) -> None:
@@ -33,6 +38,22 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
     elif device.type == "mps":
         torch.mps.synchronize()
+
+
+def available_memory() -> int | None:
+    """Bytes of memory the system could give now without swapping: Linux's
+    `MemAvailable` (free memory plus caches it can drop), else the free pages
+    where the C library tells them; None where neither is known."""
+    try:
+        for line in Path("/proc/meminfo").read_text(encoding="utf-8").splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
 
 
 def release_memory() -> None:

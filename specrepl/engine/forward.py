@@ -12,7 +12,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from specrepl.engine.kv_cache import cached_length, rollback_to
-from specrepl.engine.linear_forms import weight_first_rows
+from specrepl.engine.linear_forms import chosen_forms
 from specrepl.engine.tuning import Tuning
 
 
@@ -80,7 +80,7 @@ def forward_pass(
     A model whose `tuning` has a width plan (`widths.py`) is fed extra copies
     of the last token when a wider pass is cheaper; they never reach the cache
     or the result. Its linear layers multiply in the form the plan measured
-    faster for the width fed (`linear_forms.py`). Without a tuning, every pass
+    cheapest for the width fed (`linear_forms.py`). Without a tuning, every pass
     is fed as it is, in the stock form.
     """
     tuning = Tuning() if tuning is None else tuning  # untuned: as fed, stock form
@@ -98,7 +98,7 @@ def forward_pass(
             pad = 0  # never feed positions past the context
     if pad:  # a wider pass is cheaper here (see widths.py); the padding is cut off again
         fed = torch.cat((fed, fed[-1:].expand(pad)))
-    with weight_first_rows(tuning.weight_first):
+    with chosen_forms(tuning.forms):
         output = model(
             input_ids=fed.unsqueeze(0),
             past_key_values=cache,

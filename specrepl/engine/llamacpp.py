@@ -212,5 +212,3 @@ def _cpu_identity() -> str:
     return " / ".join(
         fields.get(name, "") for name in ("model name", "cpu family", "model", "flags", "Features")
     )
-
-

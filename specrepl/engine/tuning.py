@@ -3,9 +3,11 @@
 A `Tuning` holds three measured choices for one model:
 
 - its width plan (`widths.py`): the width each pass is padded to, and the
-  widths whose linear layers multiply weight first;
+  widths whose linear layers multiply weight first or with packed weights;
 - whether its linear layers were switched to the form-choosing class
-  (`linear_forms.py`), without which the plan's weight-first widths do nothing;
+  (`linear_forms.py`), without which the plan's other forms do nothing, and
+  whether they hold packed copies of their weights, without which its packed
+  widths run in the stock form;
 - its attention implementation, when a copy of the target attends in the
   dtype of the target's keys and values (`copy_attention.py`).
 
@@ -25,6 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from specrepl.engine.copy_attention import ATTENTION
+from specrepl.engine.linear_forms import RowForms
 from specrepl.engine.widths import WidthPlan
 
 __all__ = ["Tuning"]
@@ -40,6 +43,8 @@ class Tuning:
     linear_forms: bool = False
     """The model's plain float linear layers on the CPU can take the weight-first
     form (the loader switched their class: `linear_forms.allow_forms`)."""
+    packed_weights: bool = False
+    """Those layers hold packed copies of their weights (`linear_forms.pack_weights`)."""
     attention: str | None = None
     """The attention implementation the loader switched the model to
     (`copy_attention.ATTENTION`); None: the one it was loaded with."""
@@ -57,6 +62,19 @@ class Tuning:
         if self.plan is None or not self.linear_forms:
             return frozenset()
         return self.plan.weight_first
+
+    @property
+    def packed(self) -> frozenset[int]:
+        """The widths whose passes multiply with the packed weights (none without
+        a plan, or when the layers hold no packed copies)."""
+        if self.plan is None or not (self.linear_forms and self.packed_weights):
+            return frozenset()
+        return self.plan.packed
+
+    @property
+    def forms(self) -> RowForms:
+        """The forms a pass takes, by its number of rows (what `forward_pass` sets)."""
+        return RowForms(weight_first=self.weight_first, packed=self.packed)
 
     @property
     def one_token_step(self) -> float | None:

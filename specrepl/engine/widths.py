@@ -11,10 +11,11 @@ positions and crops the padding out of the cache again. Causal attention means
 the padding cannot change the real positions' logits (beyond the rounding any
 change of kernel brings).
 
-Each width is timed in two forms of the linear layers' product where the
-model allows it (`linear_forms.py`: `F.linear`'s x Wᵀ and the weight-first
-(W xᵀ)ᵀ, which some CPU BLAS libraries run much faster for a few rows), and the
-plan keeps, per width, the cheaper of the two.
+Each width is timed in every form of the linear layers' product the model
+allows (`linear_forms.py`: `F.linear`'s x Wᵀ, the weight-first (W xᵀ)ᵀ, which
+some CPU BLAS libraries run much faster for a few rows, and oneDNN's product
+with a packed copy of the weights), and the plan keeps, per width, the
+cheapest.
 
 This module times a model and makes its plan; it keeps nothing. Which plans
 are stored, and for which models, is `specrepl.models.tuning`'s business. It
@@ -34,7 +35,7 @@ from transformers import PreTrainedModel
 
 from specrepl.engine.devices import synchronize
 from specrepl.engine.kv_cache import new_cache, rollback_to
-from specrepl.engine.linear_forms import weight_first_rows
+from specrepl.engine.linear_forms import STOCK, RowForms, chosen_forms
 
 __all__ = [
     "WidthPlan",
@@ -51,19 +52,27 @@ __all__ = [
 
 @dataclass(frozen=True)
 class WidthPlan:
-    """Measured forward seconds per width (in the cheaper form), the width each
-    width is padded to, and the widths whose pass multiplies weight first."""
+    """Measured forward seconds per width (in the cheapest form), the width each
+    width is padded to, and the widths whose pass multiplies weight first or
+    with the packed weights."""
 
     seconds: dict[int, float]
     padded: dict[int, int]
     weight_first: frozenset[int] = frozenset()
+    packed: frozenset[int] = frozenset()
 
     def to_dict(self) -> dict[str, object]:
         return {
             "ms_per_width": {w: round(s * 1e3, 2) for w, s in sorted(self.seconds.items())},
             "padded": {w: p for w, p in sorted(self.padded.items()) if p != w},
             "weight_first": sorted(self.weight_first),
+            "packed": sorted(self.packed),
         }
+
+    @property
+    def forms(self) -> RowForms:
+        """The forms of the linear layers' products by number of rows."""
+        return RowForms(weight_first=self.weight_first, packed=self.packed)
 
     def step_seconds(self) -> dict[int, float]:
         """Measured seconds of a step with k drafts, by k: it feeds k + 1 tokens,
@@ -82,14 +91,14 @@ def measure_widths(
     context: int = 48,
     repeats: int = 5,
     seed: int = 0,
-    weight_first: frozenset[int] = frozenset(),
+    forms: RowForms = STOCK,
 ) -> dict[int, float]:
     """Median seconds of one cached forward pass feeding 1..max_width tokens
-    after `context` cached tokens (the widths in `weight_first` multiplying
-    weight first, see `linear_forms.py`). Widths are timed in rotating order
-    so that a slow spell of the machine does not land on one width."""
+    after `context` cached tokens (each width's linear layers in the form
+    `forms` give it, see `linear_forms.py`). Widths are timed in rotating
+    order so that a slow spell of the machine does not land on one width."""
     samples = measure_width_samples(
-        model, max_width, context=context, repeats=repeats, seed=seed, weight_first=weight_first
+        model, max_width, context=context, repeats=repeats, seed=seed, forms=forms
     )
     return {w: statistics.median(times) for w, times in samples.items()}
 
@@ -114,7 +123,7 @@ def measure_width_samples(
     context: int = 48,
     repeats: int = 5,
     seed: int = 0,
-    weight_first: frozenset[int] = frozenset(),
+    forms: RowForms = STOCK,
 ) -> dict[int, list[float]]:
     """Every timed repeat of `measure_widths`, per width."""
     if max_width < 1:
@@ -133,7 +142,7 @@ def measure_width_samples(
             fed = tokens[None, context : context + width]
             synchronize(device)
             start = time.perf_counter()
-            with weight_first_rows(weight_first):
+            with chosen_forms(forms):
                 model(input_ids=fed, past_key_values=cache, use_cache=True, logits_to_keep=width)
             synchronize(device)
             elapsed = time.perf_counter() - start
@@ -148,39 +157,62 @@ def plan_widths(
     *,
     margin: float = 0.9,
     weight_first: frozenset[int] = frozenset(),
+    packed: frozenset[int] = frozenset(),
 ) -> WidthPlan:
     """Pad a width to the cheapest larger measured width when that costs less
     than `margin` times its own time (a clear win, not noise). `seconds` are
-    each width's in the form that `weight_first` chose for it."""
+    each width's in the form that `weight_first` and `packed` chose for it."""
     padded: dict[int, int] = {}
     for width, cost in seconds.items():
         larger = [(seconds[w], w) for w in seconds if w > width]
         best_cost, best = min(larger, default=(cost, width))
         padded[width] = best if best_cost < margin * cost else width
-    chosen = frozenset(w for w in weight_first if w in seconds)
-    return WidthPlan(seconds=dict(seconds), padded=padded, weight_first=chosen)
+    return WidthPlan(
+        seconds=dict(seconds),
+        padded=padded,
+        weight_first=frozenset(w for w in weight_first if w in seconds),
+        packed=frozenset(w for w in packed if w in seconds),
+    )
 
 
 def measure_plan(
-    model: PreTrainedModel, max_width: int, *, forms: bool = False, **measure: int
+    model: PreTrainedModel,
+    max_width: int,
+    *,
+    forms: bool = False,
+    packed: bool = False,
+    **measure: int,
 ) -> tuple[WidthPlan, float]:
     """Time every width in the stock form and, when the model's layers can take
-    it (`forms`: they were switched by `linear_forms.allow_forms` before, so that
-    the stock form is timed on the layers that will run it), weight first; plan
-    with the cheaper form of each width. Returns the plan and the spread of the
-    noisiest timings."""
+    them, weight first (`forms`: the layers were switched by
+    `linear_forms.allow_forms` before, so that the stock form is timed on the
+    layers that will run it) and with their packed copies (`packed`: they hold
+    one, `linear_forms.pack_weights`); plan with the cheapest form of each
+    width. Returns the plan and the spread of the noisiest timings."""
     stock = measure_width_samples(model, max_width, **measure)
+    every = frozenset(stock)
     samples = [stock]
     seconds = {w: statistics.median(t) for w, t in stock.items()}
-    weight_first: set[int] = set()
+    chosen: dict[str, set[int]] = {"weight_first": set(), "packed": set()}
+    others = []
     if forms:
-        other = measure_width_samples(model, max_width, weight_first=frozenset(stock), **measure)
-        samples.append(other)
-        for width, times in other.items():
+        others.append(("weight_first", RowForms(weight_first=every)))
+        if packed:
+            others.append(("packed", RowForms(packed=every)))
+    for name, row_forms in others:
+        timed = measure_width_samples(model, max_width, forms=row_forms, **measure)
+        samples.append(timed)
+        for width, times in timed.items():
             if (median := statistics.median(times)) < seconds[width]:
                 seconds[width] = median
-                weight_first.add(width)
-    plan = plan_widths(seconds, weight_first=frozenset(weight_first))
+                for widths in chosen.values():
+                    widths.discard(width)
+                chosen[name].add(width)
+    plan = plan_widths(
+        seconds,
+        weight_first=frozenset(chosen["weight_first"]),
+        packed=frozenset(chosen["packed"]),
+    )
     return plan, max(spread(s) for s in samples)
 
 

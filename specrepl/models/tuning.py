@@ -6,8 +6,10 @@ whatever runs the model. Two of its choices cannot stay outside the model,
 because of how the libraries decide:
 
 - a linear layer's class decides its forward, so a model whose plan can use
-  the weight-first product has its plain linear layers switched to
-  `linear_forms.FormChoosingLinear` (`allow_linear_forms`);
+  another form of the product has its plain linear layers switched to
+  `linear_forms.FormChoosingLinear` (`allow_linear_forms`), and given packed
+  copies of their weights where the memory allows (`pack_linear_weights`,
+  undone by `unpack_linear_weights` when no width measured faster with them);
 - transformers reads the attention implementation from the model's config,
   so a copy of the target that attends cheaper in the dtype of the target's
   keys and values is switched to `copy_attention.ATTENTION`
@@ -25,7 +27,14 @@ import torch
 from transformers import PreTrainedModel
 
 from specrepl.engine.copy_attention import ATTENTION, can_attend_in_cache_dtype, measure_attention
-from specrepl.engine.linear_forms import allow_forms, stock_forms
+from specrepl.engine.devices import available_memory, release_memory
+from specrepl.engine.linear_forms import (
+    allow_forms,
+    pack_weights,
+    packable_bytes,
+    stock_forms,
+    unpack_weights,
+)
 from specrepl.engine.tuning import Tuning
 
 __all__ = [
@@ -34,7 +43,9 @@ __all__ = [
     "apply_tuning",
     "attend_in_cache_dtype",
     "choose_copy_attention",
+    "pack_linear_weights",
     "undo_tuning",
+    "unpack_linear_weights",
 ]
 
 STOCK_ATTENTION = "sdpa"
@@ -45,6 +56,32 @@ def allow_linear_forms(model: PreTrainedModel, tuning: Tuning) -> None:
     """Let `model`'s plain float linear layers on the CPU take the weight-first
     form (`linear_forms.allow_forms`), and record whether any can."""
     tuning.linear_forms = allow_forms(model) > 0
+
+
+def pack_linear_weights(model: PreTrainedModel, tuning: Tuning) -> bool:
+    """Give `model`'s switched linear layers packed copies of their weights
+    (`linear_forms.pack_weights`, where this torch and CPU can), and record
+    it; returns whether they hold them. The copies take as much memory again
+    as those weights, so they are made only when that is at most half of what
+    the system could still give (`devices.available_memory`), never where
+    that is unknown."""
+    if tuning.packed_weights or not tuning.linear_forms:
+        return tuning.packed_weights
+    need = packable_bytes(model)
+    free = available_memory()
+    if need == 0 or free is None or need > free / 2:
+        return False
+    tuning.packed_weights = pack_weights(model) > 0
+    return tuning.packed_weights
+
+
+def unpack_linear_weights(model: PreTrainedModel, tuning: Tuning) -> None:
+    """Drop the packed copies (no width of the plan uses them) and give their
+    memory back."""
+    if tuning.packed_weights:
+        unpack_weights(model)
+        tuning.packed_weights = False
+        release_memory()
 
 
 def attend_in_cache_dtype(model: PreTrainedModel, tuning: Tuning) -> bool:
@@ -72,9 +109,13 @@ def choose_copy_attention(copy: PreTrainedModel, tuning: Tuning, cache_dtype: to
 
 
 def apply_tuning(model: PreTrainedModel, tuning: Tuning) -> None:
-    """Make `model` (the same weights loaded again) run as `tuning` records."""
+    """Make `model` (the same weights loaded again) run as `tuning` records
+    (packed copies again only where the memory allows them now)."""
     if tuning.linear_forms:
         allow_forms(model)
+        if tuning.packed_weights:
+            tuning.packed_weights = False
+            pack_linear_weights(model, tuning)
     if tuning.attention is not None:
         model.set_attn_implementation(tuning.attention)
 
@@ -84,8 +125,8 @@ def undo_tuning(model: PreTrainedModel, tuning: Tuning) -> None:
     say so; its width plan is kept (without the switched layers, its passes
     run in the stock form)."""
     if tuning.linear_forms:
-        stock_forms(model)
-        tuning.linear_forms = False
+        stock_forms(model)  # the packed copies go with the switched class
+        tuning.linear_forms = tuning.packed_weights = False
     if tuning.attention is not None:
         model.set_attn_implementation(STOCK_ATTENTION)
         tuning.attention = None

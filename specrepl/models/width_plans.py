@@ -10,9 +10,12 @@ than `MAX_PLAN_AGE_DAYS`, or on request (`retime=True`), and a measurement
 whose repeats disagree by more than `NOISY_SPREAD` (the machine was busy) is
 used for the session but not stored, so it cannot slow every later start down.
 
-A model is timed with its linear layers able to take either form
-(`tuning.allow_linear_forms`, recorded in its tuning). This module knows
-nothing about decoding, settings or the terminal.
+A model is timed with its linear layers able to take every form
+(`tuning.allow_linear_forms`, and `tuning.pack_linear_weights` where the
+memory allows a packed copy, dropped again when no width is faster with it;
+recorded in its tuning). A stored plan that uses the packed copy while the
+memory no longer allows one is measured again. This module knows nothing
+about decoding, settings or the terminal.
 """
 
 from __future__ import annotations
@@ -26,7 +29,11 @@ import torch
 from specrepl.engine.widths import WidthPlan, cpu_identity, measure_plan, plan_widths
 from specrepl.models.loaded import LoadedModel
 from specrepl.models.pair import ModelPair
-from specrepl.models.tuning import allow_linear_forms
+from specrepl.models.tuning import (
+    allow_linear_forms,
+    pack_linear_weights,
+    unpack_linear_weights,
+)
 from specrepl.store.json_file import read_json_object, write_json_object
 
 __all__ = ["MAX_PLAN_AGE_DAYS", "NOISY_SPREAD", "tune_pair_widths"]
@@ -54,10 +61,10 @@ def tune_pair_widths(
     for role, model in loaded.items():
         key = _plan_key(model, max_width)
         plan = None if retime else _stored_plan(saved.get(key), now)
+        if plan is not None and not _take_forms(model, plan):
+            plan = None
         if plan is None:
             plan = _measure(model, max_width, saved, key, now)
-        elif plan.weight_first:
-            allow_linear_forms(model.model, model.tuning)
         model.tuning.plan = plan
         plans[role] = plan
     if store is not None:
@@ -65,17 +72,34 @@ def tune_pair_widths(
     return plans
 
 
+def _take_forms(loaded: LoadedModel, plan: WidthPlan) -> bool:
+    """Ready `loaded`'s layers for the forms a stored plan uses; False when the
+    plan's packed widths cannot have their packed copy now."""
+    if plan.weight_first or plan.packed:
+        allow_linear_forms(loaded.model, loaded.tuning)
+    if plan.packed:
+        return pack_linear_weights(loaded.model, loaded.tuning)
+    return True
+
+
 def _measure(
     loaded: LoadedModel, max_width: int, saved: dict[str, Any], key: str, now: float
 ) -> WidthPlan:
     """Time `loaded`'s widths (its layers switched first: the stock form is timed
     on the layers that will run it) and note the plan in `saved` unless noisy."""
-    allow_linear_forms(loaded.model, loaded.tuning)
-    plan, noise = measure_plan(loaded.model, max_width, forms=loaded.tuning.linear_forms)
+    tuning = loaded.tuning
+    allow_linear_forms(loaded.model, tuning)
+    pack_linear_weights(loaded.model, tuning)
+    plan, noise = measure_plan(
+        loaded.model, max_width, forms=tuning.linear_forms, packed=tuning.packed_weights
+    )
+    if not plan.packed:
+        unpack_linear_weights(loaded.model, tuning)
     if noise <= NOISY_SPREAD:
         saved[key] = {
             "seconds": plan.seconds,
             "weight_first": sorted(plan.weight_first),
+            "packed": sorted(plan.packed),
             "measured_at": now,
             "spread": noise,
         }
@@ -105,12 +129,14 @@ def _stored_plan(entry: Any, now: float) -> WidthPlan | None:
     try:
         seconds = {int(w): float(t) for w, t in entry["seconds"].items()}
         measured = float(entry["measured_at"])
-        # a plan stored before the form was chosen per width lacks the key: measured again
+        # a plan stored before the forms were chosen per width lacks their keys:
+        # measured again
         weight_first = frozenset(int(w) for w in entry["weight_first"])
+        packed = frozenset(int(w) for w in entry["packed"])
     except (KeyError, TypeError, ValueError, AttributeError):
         return None
     if not 0 <= now - measured <= MAX_PLAN_AGE_DAYS * 86400:
         return None
     if not seconds or not all(t > 0 for t in seconds.values()):
         return None
-    return plan_widths(seconds, weight_first=weight_first)
+    return plan_widths(seconds, weight_first=weight_first, packed=packed)

@@ -265,14 +265,18 @@ class Renderer:
         table.add_column("ms per width 1, 2, …", style="cyan")
         table.add_column("padded to a cheaper width")
         table.add_column("weight-first products at widths")
+        table.add_column("packed products at widths")
         for role, plan in result.plans.items():
             if plan is None:
-                table.add_row(role, "not timed", "none", "none")
+                table.add_row(role, "not timed", "none", "none", "none")
                 continue
             times = ", ".join(f"{seconds * 1e3:.1f}" for _, seconds in sorted(plan.seconds.items()))
             padded = [f"{w}→{p}" for w, p in sorted(plan.padded.items()) if p != w]
             weight_first = ", ".join(str(w) for w in sorted(plan.weight_first))
-            table.add_row(role, times, ", ".join(padded) or "none", weight_first or "none")
+            packed = ", ".join(str(w) for w in sorted(plan.packed))
+            table.add_row(
+                role, times, ", ".join(padded) or "none", weight_first or "none", packed or "none"
+            )
         self.console.print(table)
 
     @show.register
