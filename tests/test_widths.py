@@ -409,3 +409,25 @@ def test_packed_copies_no_width_uses_are_dropped(monkeypatch) -> None:
     plan = width_plans.tune_pair_widths(pair, 3)["target"]
     assert plan.packed == frozenset() and not weights_packed(pair.target.model)
     assert not pair.target.tuning.packed_weights
+
+
+@needs_packing
+def test_a_stored_plan_without_packed_widths_drops_the_copies(tmp_path, monkeypatch) -> None:
+    """A pair timed again for other widths (a larger gamma) whose stored plan
+    packs nothing gives the memory of the packed copies back."""
+    pair = ModelPair.from_models(tiny_llama(32, seed=0), None, tiny_tokenizer(32))
+    store = tmp_path / "widths.json"
+
+    def packed_only_up_to_3(model, max_width, forms=STOCK, **kwargs):
+        packed_pays = max_width <= 3
+        scale = 0.5 if forms.packed and packed_pays else 2.0 if forms.packed else 1.0
+        return {w: [scale * t for t in times] for w, times in _steady(model, max_width).items()}
+
+    monkeypatch.setattr(widths, "measure_width_samples", packed_only_up_to_3)
+    monkeypatch.setattr("specrepl.models.tuning.available_memory", lambda: 1 << 40)
+    width_plans.tune_pair_widths(pair, 5, store=store)  # stored: packs nothing
+    assert not weights_packed(pair.target.model)
+    width_plans.tune_pair_widths(pair, 2, store=store)  # widths 1..3: packed
+    assert weights_packed(pair.target.model) and pair.target.tuning.packed == {1, 2, 3}
+    width_plans.tune_pair_widths(pair, 5, store=store)  # the stored plan again
+    assert not weights_packed(pair.target.model) and not pair.target.tuning.packed_weights

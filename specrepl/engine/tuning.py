@@ -41,8 +41,8 @@ class Tuning:
     plan: WidthPlan | None = None
     """The model's width plan; None: not timed (no padding, stock form)."""
     linear_forms: bool = False
-    """The model's plain float linear layers on the CPU can take the weight-first
-    form (the loader switched their class: `linear_forms.allow_forms`)."""
+    """The model's plain float linear layers on the CPU can take another form
+    (the loader switched their class: `linear_forms.allow_forms`)."""
     packed_weights: bool = False
     """Those layers hold packed copies of their weights (`linear_forms.pack_weights`)."""
     attention: str | None = None

@@ -73,12 +73,14 @@ def tune_pair_widths(
 
 
 def _take_forms(loaded: LoadedModel, plan: WidthPlan) -> bool:
-    """Ready `loaded`'s layers for the forms a stored plan uses; False when the
-    plan's packed widths cannot have their packed copy now."""
+    """Ready `loaded`'s layers for the forms a stored plan uses (dropping packed
+    copies it does not use); False when the plan's packed widths cannot have
+    their packed copy now."""
     if plan.weight_first or plan.packed:
         allow_linear_forms(loaded.model, loaded.tuning)
     if plan.packed:
         return pack_linear_weights(loaded.model, loaded.tuning)
+    unpack_linear_weights(loaded.model, loaded.tuning)
     return True
 
 
