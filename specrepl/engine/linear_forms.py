@@ -104,8 +104,8 @@ class FormChoosingLinear(nn.Linear):
         forms = STOCK if torch.compiler.is_compiling() else _FORMS.get()
         if forms:
             rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
-            packed = getattr(self, PACKED, None)
-            if rows in forms.packed and packed is not None and x.dtype == self.weight.dtype:
+            packed = getattr(self, PACKED, None) if rows in forms.packed else None
+            if packed is not None and x.dtype == self.weight.dtype:
                 flat = x.reshape(rows, x.shape[-1]).contiguous()
                 out = torch.ops.mkldnn._linear_pointwise(flat, packed, self.bias, "none", [], "")
                 return out.reshape(*x.shape[:-1], self.weight.shape[0])

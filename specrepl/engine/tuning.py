@@ -27,7 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from specrepl.engine.copy_attention import ATTENTION
-from specrepl.engine.linear_forms import RowForms
+from specrepl.engine.linear_forms import STOCK, RowForms
 from specrepl.engine.widths import WidthPlan
 
 __all__ = ["Tuning"]
@@ -73,8 +73,13 @@ class Tuning:
 
     @property
     def forms(self) -> RowForms:
-        """The forms a pass takes, by its number of rows (what `forward_pass` sets)."""
-        return RowForms(weight_first=self.weight_first, packed=self.packed)
+        """The forms a pass takes, by its number of rows (what `forward_pass` sets):
+        the plan's own when the layers can take all of them."""
+        if self.plan is None or not self.linear_forms:
+            return STOCK
+        if self.packed_weights or not self.plan.packed:
+            return self.plan.forms
+        return RowForms(weight_first=self.plan.weight_first)
 
     @property
     def one_token_step(self) -> float | None:

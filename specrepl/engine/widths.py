@@ -24,6 +24,7 @@ knows nothing about drafting or acceptance.
 
 from __future__ import annotations
 
+import functools
 import platform
 import statistics
 import time
@@ -69,9 +70,10 @@ class WidthPlan:
             "packed": sorted(self.packed),
         }
 
-    @property
+    @functools.cached_property
     def forms(self) -> RowForms:
-        """The forms of the linear layers' products by number of rows."""
+        """The forms of the linear layers' products by number of rows (made once:
+        every forward pass of a model whose layers take them reads it)."""
         return RowForms(weight_first=self.weight_first, packed=self.packed)
 
     def step_seconds(self) -> dict[int, float]:
@@ -193,7 +195,7 @@ def measure_plan(
     every = frozenset(stock)
     samples = [stock]
     seconds = {w: statistics.median(t) for w, t in stock.items()}
-    chosen: dict[str, set[int]] = {"weight_first": set(), "packed": set()}
+    cheapest = dict.fromkeys(seconds, "stock")  # the form each width is cheapest in
     others = []
     if forms:
         others.append(("weight_first", RowForms(weight_first=every)))
@@ -204,14 +206,11 @@ def measure_plan(
         samples.append(timed)
         for width, times in timed.items():
             if (median := statistics.median(times)) < seconds[width]:
-                seconds[width] = median
-                for widths in chosen.values():
-                    widths.discard(width)
-                chosen[name].add(width)
+                seconds[width], cheapest[width] = median, name
     plan = plan_widths(
         seconds,
-        weight_first=frozenset(chosen["weight_first"]),
-        packed=frozenset(chosen["packed"]),
+        weight_first=frozenset(w for w, name in cheapest.items() if name == "weight_first"),
+        packed=frozenset(w for w, name in cheapest.items() if name == "packed"),
     )
     return plan, max(spread(s) for s in samples)
 
