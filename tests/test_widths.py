@@ -48,6 +48,17 @@ def target():
     return tiny_llama(32, seed=0)
 
 
+@pytest.fixture(autouse=True)
+def prompt_sized_passes_cost_the_same(monkeypatch):
+    """Prompt-sized passes measure alike stock and packed here, so no plan packs
+    them (test_wide_passes.py tests that choice)."""
+
+    def alike(model, sizes, forms, **kwargs):
+        return {name: {w: [0.01, 0.01] for w in sizes} for name in forms}
+
+    monkeypatch.setattr(widths, "measure_wide_samples", alike)
+
+
 def test_plan_pads_only_to_a_clearly_cheaper_larger_width() -> None:
     plan = plan_widths({1: 58.0, 2: 97.0, 3: 119.0, 4: 89.0, 5: 81.0, 6: 94.0})
     # 4 -> 5 would save only 9%: within the margin, 4 stays
@@ -284,12 +295,13 @@ def test_noisy_old_and_foreign_plans_are_measured_again(tmp_path, monkeypatch) -
         {"seconds": entry["seconds"]},
         {key: value for key, value in entry.items() if key != "weight_first"},  # before forms
         {key: value for key, value in entry.items() if key != "packed"},  # before packing
+        {key: value for key, value in entry.items() if key != "packed_from"},  # before prompts
         {**entry, "measured_at": entry["measured_at"] + 86400},
         {**entry, "seconds": {"1": -1.0}},
     ):
         store.write_text(json.dumps({key: stale for key in saved}))
         width_plans.tune_pair_widths(pair, 3, store=store)
-    assert len(measured) == 9
+    assert len(measured) == 10
 
 
 def test_spread_leaves_the_extremes_out() -> None:

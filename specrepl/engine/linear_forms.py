@@ -75,14 +75,20 @@ attribute: not a parameter or buffer, so never in a state dict)."""
 @dataclass(frozen=True)
 class RowForms:
     """The forms of one forward pass, by number of rows: the row counts whose
-    products are packed, and those multiplied weight first (stock otherwise;
-    packed wins where a count is in both)."""
+    products are packed (those in `packed`, and with `packed_from` every count
+    from it up: prompt-sized passes), and those multiplied weight first (stock
+    otherwise; packed wins where a count is in both)."""
 
     weight_first: frozenset[int] = frozenset()
     packed: frozenset[int] = frozenset()
+    packed_from: int | None = None
 
     def __bool__(self) -> bool:
-        return bool(self.weight_first or self.packed)
+        return bool(self.weight_first or self.packed or self.packed_from is not None)
+
+    def packs(self, rows: int) -> bool:
+        """Whether a product of `rows` rows is packed."""
+        return rows in self.packed or (self.packed_from is not None and rows >= self.packed_from)
 
 
 STOCK = RowForms()
@@ -104,7 +110,7 @@ class FormChoosingLinear(nn.Linear):
         forms = STOCK if torch.compiler.is_compiling() else _FORMS.get()
         if forms:
             rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
-            packed = getattr(self, PACKED, None) if rows in forms.packed else None
+            packed = getattr(self, PACKED, None) if forms.packs(rows) else None
             if packed is not None and x.dtype == self.weight.dtype:
                 flat = x.reshape(rows, x.shape[-1]).contiguous()
                 out = torch.ops.mkldnn._linear_pointwise(flat, packed, self.bias, "none", [], "")

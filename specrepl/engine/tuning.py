@@ -72,12 +72,20 @@ class Tuning:
         return self.plan.packed
 
     @property
+    def packed_from(self) -> int | None:
+        """The width from which every wider pass (a prompt) multiplies with the
+        packed weights (None without a plan, packed copies, or such passes)."""
+        if self.plan is None or not (self.linear_forms and self.packed_weights):
+            return None
+        return self.plan.packed_from
+
+    @property
     def forms(self) -> RowForms:
         """The forms a pass takes, by its number of rows (what `forward_pass` sets):
         the plan's own when the layers can take all of them."""
         if self.plan is None or not self.linear_forms:
             return STOCK
-        if self.packed_weights or not self.plan.packed:
+        if self.packed_weights or not self.plan.packs_any:
             return self.plan.forms
         return RowForms(weight_first=self.plan.weight_first)
 

@@ -15,7 +15,9 @@ Each width is timed in every form of the linear layers' product the model
 allows (`linear_forms.py`: `F.linear`'s x Wᵀ, the weight-first (W xᵀ)ᵀ, which
 some CPU BLAS libraries run much faster for a few rows, and oneDNN's product
 with a packed copy of the weights), and the plan keeps, per width, the
-cheapest.
+cheapest. Passes wider than the plan's widths (a prompt, a pasted document)
+are timed at a few prompt sizes (`WIDE_WIDTHS`) stock and packed, and the plan
+packs them all where packed measured cheaper at every one of those sizes.
 
 This module times a model and makes its plan; it keeps nothing. Which plans
 are stored, and for which models, is `specrepl.models.tuning`'s business. It
@@ -39,10 +41,12 @@ from specrepl.engine.kv_cache import new_cache, rollback_to
 from specrepl.engine.linear_forms import STOCK, RowForms, chosen_forms
 
 __all__ = [
+    "WIDE_WIDTHS",
     "WidthPlan",
     "cpu_identity",
     "cpu_model",
     "measure_plan",
+    "measure_wide_samples",
     "measure_width_samples",
     "measure_widths",
     "plan_widths",
@@ -51,16 +55,23 @@ __all__ = [
 ]
 
 
+WIDE_WIDTHS: tuple[int, ...] = (64, 256)
+"""Prompt-sized passes (tokens fed at once) at which a plan times the stock and
+the packed form for every pass wider than its own widths."""
+
+
 @dataclass(frozen=True)
 class WidthPlan:
     """Measured forward seconds per width (in the cheapest form), the width each
-    width is padded to, and the widths whose pass multiplies weight first or
-    with the packed weights."""
+    width is padded to, the widths whose pass multiplies weight first or with
+    the packed weights, and from which width on every wider pass (a prompt) is
+    packed (None: those run stock)."""
 
     seconds: dict[int, float]
     padded: dict[int, int]
     weight_first: frozenset[int] = frozenset()
     packed: frozenset[int] = frozenset()
+    packed_from: int | None = None
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -68,13 +79,21 @@ class WidthPlan:
             "padded": {w: p for w, p in sorted(self.padded.items()) if p != w},
             "weight_first": sorted(self.weight_first),
             "packed": sorted(self.packed),
+            "packed_from": self.packed_from,
         }
+
+    @property
+    def packs_any(self) -> bool:
+        """Whether any pass of the plan multiplies with the packed weights."""
+        return bool(self.packed) or self.packed_from is not None
 
     @functools.cached_property
     def forms(self) -> RowForms:
         """The forms of the linear layers' products by number of rows (made once:
         every forward pass of a model whose layers take them reads it)."""
-        return RowForms(weight_first=self.weight_first, packed=self.packed)
+        return RowForms(
+            weight_first=self.weight_first, packed=self.packed, packed_from=self.packed_from
+        )
 
     def step_seconds(self) -> dict[int, float]:
         """Measured seconds of a step with k drafts, by k: it feeds k + 1 tokens,
@@ -160,10 +179,12 @@ def plan_widths(
     margin: float = 0.9,
     weight_first: frozenset[int] = frozenset(),
     packed: frozenset[int] = frozenset(),
+    packed_from: int | None = None,
 ) -> WidthPlan:
     """Pad a width to the cheapest larger measured width when that costs less
     than `margin` times its own time (a clear win, not noise). `seconds` are
-    each width's in the form that `weight_first` and `packed` chose for it."""
+    each width's in the form that `weight_first` and `packed` chose for it;
+    `packed_from` is kept as given."""
     padded: dict[int, int] = {}
     for width, cost in seconds.items():
         larger = [(seconds[w], w) for w in seconds if w > width]
@@ -174,6 +195,64 @@ def plan_widths(
         padded=padded,
         weight_first=frozenset(w for w in weight_first if w in seconds),
         packed=frozenset(w for w in packed if w in seconds),
+        packed_from=packed_from,
+    )
+
+
+@torch.no_grad()
+def measure_wide_samples(
+    model: PreTrainedModel,
+    widths: tuple[int, ...],
+    forms: dict[str, RowForms],
+    *,
+    context: int = 48,
+    repeats: int = 2,
+    seed: int = 0,
+) -> dict[str, dict[int, list[float]]]:
+    """Every timed repeat of one cached pass feeding each of `widths` tokens
+    (a prompt: one logit kept) in each of `forms`, by form name and width.
+    The forms alternate within every round, so that a slow spell of the
+    machine lands on all of them; the first round warms the kernels up."""
+    device = next(model.parameters()).device
+    vocab = int(model.config.get_text_config().vocab_size)
+    generator = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(0, vocab, (context + max(widths),), generator=generator).to(device)
+    cache = new_cache(model)
+    model(input_ids=tokens[None, :context], past_key_values=cache, use_cache=True, logits_to_keep=1)
+    timings: dict[str, dict[int, list[float]]] = {name: {w: [] for w in widths} for name in forms}
+    for round_index in range(repeats + 1):
+        for width in widths:
+            for name, row_forms in forms.items():
+                synchronize(device)
+                start = time.perf_counter()
+                with chosen_forms(row_forms):
+                    model(
+                        input_ids=tokens[None, context : context + width],
+                        past_key_values=cache,
+                        use_cache=True,
+                        logits_to_keep=1,
+                    )
+                synchronize(device)
+                elapsed = time.perf_counter() - start
+                rollback_to(cache, context)
+                if round_index:
+                    timings[name][width].append(elapsed)
+    return timings
+
+
+def _wide_passes_packed(model: PreTrainedModel, max_width: int, **measure: int) -> bool:
+    """Whether passes wider than `max_width` measured cheaper packed than stock
+    at every prompt size of `WIDE_WIDTHS` above it (the layers hold packed
+    copies)."""
+    widths = tuple(w for w in WIDE_WIDTHS if w > max_width)
+    if not widths:
+        return False
+    context = measure.get("context", 48)
+    timed = measure_wide_samples(
+        model, widths, {"stock": STOCK, "packed": RowForms(packed_from=1)}, context=context
+    )
+    return all(
+        statistics.median(timed["packed"][w]) < statistics.median(timed["stock"][w]) for w in widths
     )
 
 
@@ -190,7 +269,9 @@ def measure_plan(
     `linear_forms.allow_forms` before, so that the stock form is timed on the
     layers that will run it) and with their packed copies (`packed`: they hold
     one, `linear_forms.pack_weights`); plan with the cheapest form of each
-    width. Returns the plan and the spread of the noisiest timings."""
+    width, and, with packed copies, pack every wider pass where prompt-sized
+    passes measured cheaper packed (`WIDE_WIDTHS`). Returns the plan and the
+    spread of the noisiest timings."""
     stock = measure_width_samples(model, max_width, **measure)
     every = frozenset(stock)
     samples = [stock]
@@ -207,10 +288,12 @@ def measure_plan(
         for width, times in timed.items():
             if (median := statistics.median(times)) < seconds[width]:
                 seconds[width], cheapest[width] = median, name
+    wide_packed = forms and packed and _wide_passes_packed(model, max_width, **measure)
     plan = plan_widths(
         seconds,
         weight_first=frozenset(w for w, name in cheapest.items() if name == "weight_first"),
         packed=frozenset(w for w, name in cheapest.items() if name == "packed"),
+        packed_from=max_width + 1 if wide_packed else None,
     )
     return plan, max(spread(s) for s in samples)
 

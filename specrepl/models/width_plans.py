@@ -13,8 +13,9 @@ used for the session but not stored, so it cannot slow every later start down.
 A model is timed with its linear layers able to take every form
 (`tuning.allow_linear_forms`, and `tuning.pack_linear_weights` where the
 memory allows a packed copy, dropped again when no width is faster with it;
-recorded in its tuning). A stored plan that uses the packed copy while the
-memory no longer allows one is measured again. This module knows nothing
+recorded in its tuning; a plan may pack prompt-sized passes only). A stored
+plan that uses the packed copy while the memory no longer allows one is
+measured again. This module knows nothing
 about decoding, settings or the terminal.
 """
 
@@ -76,9 +77,9 @@ def _take_forms(loaded: LoadedModel, plan: WidthPlan) -> bool:
     """Ready `loaded`'s layers for the forms a stored plan uses (dropping packed
     copies it does not use); False when the plan's packed widths cannot have
     their packed copy now."""
-    if plan.weight_first or plan.packed:
+    if plan.weight_first or plan.packs_any:
         allow_linear_forms(loaded.model, loaded.tuning)
-    if plan.packed:
+    if plan.packs_any:
         return pack_linear_weights(loaded.model, loaded.tuning)
     unpack_linear_weights(loaded.model, loaded.tuning)
     return True
@@ -95,13 +96,14 @@ def _measure(
     plan, noise = measure_plan(
         loaded.model, max_width, forms=tuning.linear_forms, packed=tuning.packed_weights
     )
-    if not plan.packed:
+    if not plan.packs_any:
         unpack_linear_weights(loaded.model, tuning)
     if noise <= NOISY_SPREAD:
         saved[key] = {
             "seconds": plan.seconds,
             "weight_first": sorted(plan.weight_first),
             "packed": sorted(plan.packed),
+            "packed_from": plan.packed_from,
             "measured_at": now,
             "spread": noise,
         }
@@ -131,14 +133,15 @@ def _stored_plan(entry: Any, now: float) -> WidthPlan | None:
     try:
         seconds = {int(w): float(t) for w, t in entry["seconds"].items()}
         measured = float(entry["measured_at"])
-        # a plan stored before the forms were chosen per width lacks their keys:
-        # measured again
+        # a plan stored before the forms were chosen per width, or before wide
+        # passes were timed, lacks their keys: measured again
         weight_first = frozenset(int(w) for w in entry["weight_first"])
         packed = frozenset(int(w) for w in entry["packed"])
+        packed_from = None if entry["packed_from"] is None else int(entry["packed_from"])
     except (KeyError, TypeError, ValueError, AttributeError):
         return None
     if not 0 <= now - measured <= MAX_PLAN_AGE_DAYS * 86400:
         return None
     if not seconds or not all(t > 0 for t in seconds.values()):
         return None
-    return plan_widths(seconds, weight_first=weight_first, packed=packed)
+    return plan_widths(seconds, weight_first=weight_first, packed=packed, packed_from=packed_from)

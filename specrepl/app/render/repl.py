@@ -274,6 +274,8 @@ class Renderer:
             padded = [f"{w}→{p}" for w, p in sorted(plan.padded.items()) if p != w]
             weight_first = ", ".join(str(w) for w in sorted(plan.weight_first))
             packed = ", ".join(str(w) for w in sorted(plan.packed))
+            if plan.packed_from is not None:
+                packed = ", ".join(filter(None, (packed, f"{plan.packed_from} and up (prompts)")))
             table.add_row(
                 role, times, ", ".join(padded) or "none", weight_first or "none", packed or "none"
             )
