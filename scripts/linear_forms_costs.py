@@ -3,6 +3,11 @@ in the stock form (x Wᵀ), weight first ((W xᵀ)ᵀ) and packed (oneDNN with a
 copy of the weights, where this torch and CPU can), on this machine.
 
     HF_HUB_OFFLINE=1 .venv/bin/python scripts/linear_forms_costs.py [--rounds 3]
+        [--prompt-widths 64,256,769]
+
+With --prompt-widths, prompt-sized passes (that many tokens at once after the
+context, one logit kept) are timed stock and packed too, as a width plan
+decides for every pass wider than its own widths (`widths.WIDE_WIDTHS`).
 
 The forms are timed in alternating rounds in one process (a slow spell of the
 machine lands on both), as `widths.py` times them at start-up; the CPU's name
@@ -15,7 +20,7 @@ import argparse
 import statistics
 
 from specrepl.engine.linear_forms import RowForms
-from specrepl.engine.widths import cpu_identity, measure_width_samples
+from specrepl.engine.widths import cpu_identity, measure_wide_samples, measure_width_samples
 from specrepl.models.loading import load_pair
 from specrepl.models.specs import ModelSpec
 from specrepl.models.tuning import allow_linear_forms, pack_linear_weights
@@ -26,6 +31,7 @@ def main() -> int:
     parser.add_argument("--max-width", type=int, default=9)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--context", type=int, default=100)
+    parser.add_argument("--prompt-widths", default="")
     args = parser.parse_args()
 
     print(cpu_identity())
@@ -53,6 +59,23 @@ def main() -> int:
                 for _, t in sorted(per_width.items())
             ]
             print(f"  {form:12s} " + "  ".join(cells))
+        prompt_widths = tuple(int(w) for w in args.prompt_widths.split(",") if w)
+        if prompt_widths and "packed" in forms:
+            timed = measure_wide_samples(
+                model,
+                prompt_widths,
+                {"stock": forms["stock"], "packed": RowForms(packed_from=1)},
+                context=args.context,
+                repeats=args.rounds,
+            )
+            print(
+                "  prompt passes, ms (stock / packed): "
+                + "  ".join(
+                    f"{w}: {1e3 * statistics.median(timed['stock'][w]):.0f}"
+                    f" / {1e3 * statistics.median(timed['packed'][w]):.0f}"
+                    for w in prompt_widths
+                )
+            )
     return 0
 
 

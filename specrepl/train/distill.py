@@ -24,9 +24,8 @@ knows nothing about decoding.
 from __future__ import annotations
 
 import argparse
-import copy
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import replace
 from datetime import datetime, timezone
@@ -35,7 +34,6 @@ from typing import Any, Protocol
 
 import numpy as np
 import torch
-from transformers import PreTrainedModel
 
 from specrepl.engine.drafters.draft_head import head_parameters
 from specrepl.engine.drafters.head_store import (
@@ -61,6 +59,7 @@ from specrepl.train.options import (
 from specrepl.train.prompts import PROMPT_SOURCE, make_prompts
 from specrepl.train.shards import DataRefused, DataSummary, TokenData
 from specrepl.train.training import TrainProgress, batch_sequences_for, train_head
+from specrepl.train.writer import choose_writer
 from specrepl.version import __version__
 
 __all__ = [
@@ -84,36 +83,16 @@ TRAINING_LOCK = ".training.lock"
 """Held in a checkpoint (or work) directory by the one process training from it."""
 
 
-@torch.no_grad()
-def _steps_per_second(model: PreTrainedModel, rows: int = 16, steps: int = 4) -> float:
-    """Batched decoding steps per second of `model` (after one warm-up pass)."""
-    device = next(model.parameters()).device
-    ids = torch.zeros((rows, 32), dtype=torch.long, device=device)
-    model(input_ids=ids, use_cache=False, logits_to_keep=1)
-    began = time.perf_counter()
-    for _ in range(steps):
-        model(input_ids=ids[:, :8], use_cache=False, logits_to_keep=1)
-    return steps / (time.perf_counter() - began)
-
-
-def answer_writer(target: PreTrainedModel, dtype: str) -> tuple[PreTrainedModel, str]:
-    """The model that writes the answers: the target, or a bfloat16 copy where
-    that is measured to be faster on this machine (answers only: the features
-    that become labels always come from the target)."""
-    if dtype == "float32" or (dtype == "auto" and target.dtype != torch.float32):
-        return target, str(target.dtype).removeprefix("torch.")
-    copy_bf16 = copy.deepcopy(target).to(torch.bfloat16).eval()
-    if dtype == "bfloat16":
-        return copy_bf16, "bfloat16"
-    if _steps_per_second(copy_bf16) > 1.1 * _steps_per_second(target):
-        return copy_bf16, "bfloat16"
-    del copy_bf16
-    return target, "float32"
-
-
 def _encoder(pair: ModelPair) -> Callable[[str], list[int]]:
     def encode(text: str) -> list[int]:
         return chat_prompt_ids(pair.tokenizer, [{"role": "user", "content": text}])
+
+    return encode
+
+
+def _chat_encoder(pair: ModelPair) -> Callable[[Sequence[Mapping[str, str]]], list[int]]:
+    def encode(messages: Sequence[Mapping[str, str]]) -> list[int]:
+        return chat_prompt_ids(pair.tokenizer, messages)
 
     return encode
 
@@ -163,28 +142,49 @@ def _append_answers(
     say: Callable[[str], None],
 ) -> None:
     """Append the target's answers to `data` up to `options.data_tokens`."""
-    writer, writer_dtype = answer_writer(pair.target.model, options.writer_dtype)
-    say(f"answers are written by the target in {writer_dtype}, as token ids into {options.data}")
-    batch = options.answer_batch or answer_batch_for(next(writer.parameters()).device)
+    target = pair.target.model
+    batch = options.answer_batch or answer_batch_for(next(target.parameters()).device)
+    writer = choose_writer(
+        target,
+        options.writer_dtype,
+        rows=batch,
+        answer_tokens=options.max_new_tokens // 2,
+    )
+    say(
+        f"answers are written by the target in {writer.label} ({_timed(writer.timed)}),"
+        f" as token ids into {options.data}"
+    )
     recipe = AnswerRecipe.batched(
         batch,
         max_new_tokens=options.max_new_tokens,
-        writer_dtype=writer_dtype,
+        writer_dtype=writer.dtype,
+        writer_form=writer.form,
         seed=options.seed,
         document_share=options.document_share,
+        follow_up_share=options.follow_up_share,
     )
-    accumulate_answers(
-        writer,
-        pair.tokenizer,
-        data,
-        token_budget=options.data_tokens,
-        recipe=recipe,
-        encode=_encoder(pair),
-        end_tokens=pair.eos_token_ids,
-        pad_id=_pad_id(pair),
-        progress=on_data,
-        on_message=say,
-    )
+    try:
+        with writer.writing():
+            accumulate_answers(
+                writer.model,
+                pair.tokenizer,
+                data,
+                token_budget=options.data_tokens,
+                recipe=recipe,
+                encode=_encoder(pair),
+                end_tokens=pair.eos_token_ids,
+                pad_id=_pad_id(pair),
+                progress=on_data,
+                on_message=say,
+                encode_chat=_chat_encoder(pair),
+            )
+    finally:
+        writer.release()
+
+
+def _timed(timed: dict[str, float]) -> str:
+    """What the candidate writers measured, for one line of output."""
+    return "; ".join(f"{label} {seconds:.1f} s a batch" for label, seconds in timed.items())
 
 
 def _cache_data(
@@ -196,36 +196,42 @@ def _cache_data(
     """Prompts, answers and features in the work directory: the records, and
     how they were made."""
     target, tokenizer = pair.target.model, pair.tokenizer
-    writer, writer_dtype = answer_writer(target, options.writer_dtype)
-    say(f"answers are written by the target in {writer_dtype}; features come from the target")
-    prompts = make_prompts(
-        writer,
-        tokenizer,
-        options.prompts,
-        options.work / "prompts.jsonl",
-        seed=options.seed,
-        end_tokens=pair.eos_token_ids,
-        batch_size=64,
-        max_tokens=80,
-        progress=on_data,
+    writer = choose_writer(target, options.writer_dtype, answer_tokens=options.max_new_tokens // 2)
+    say(
+        f"answers are written by the target in {writer.label} ({_timed(writer.timed)});"
+        " features come from the target"
     )
-    make_answers(
-        writer,
-        target,
-        prompts,
-        options.work,
-        encode=_encoder(pair),
-        end_tokens=pair.eos_token_ids,
-        pad_id=_pad_id(pair),
-        max_new_tokens=options.max_new_tokens,
-        token_budget=options.data_tokens,
-        progress=on_data,
-        on_message=say,
-    )
-    del writer
+    try:
+        with writer.writing():
+            prompts = make_prompts(
+                writer.model,
+                tokenizer,
+                options.prompts,
+                options.work / "prompts.jsonl",
+                seed=options.seed,
+                end_tokens=pair.eos_token_ids,
+                batch_size=64,
+                max_tokens=80,
+                progress=on_data,
+            )
+            make_answers(
+                writer.model,
+                target,
+                prompts,
+                options.work,
+                encode=_encoder(pair),
+                end_tokens=pair.eos_token_ids,
+                pad_id=_pad_id(pair),
+                max_new_tokens=options.max_new_tokens,
+                token_budget=options.data_tokens,
+                progress=on_data,
+                on_message=say,
+            )
+    finally:
+        writer.release()
     made = {
         "max_new_tokens": options.max_new_tokens,
-        "answers": f"greedy, written in {writer_dtype}",
+        "answers": f"greedy, written in {writer.label}",
     }
     return list(load_shards(options.work)), made
 

@@ -36,6 +36,9 @@ class DistillOptions:
     document_share: float = 0.25
     """With `data`: the share of a new shard's prompts that hand the target a
     text it wrote earlier (long inputs; `prompts.DOCUMENT_TASKS`)."""
+    follow_up_share: float = 0.2
+    """With `data`: the share of a new shard's prompts that follow up one of its
+    own first turns and the answer to it (second turns of a chat; `follow_ups.py`)."""
     seed: int = 0
     train: TrainSettings = field(default_factory=TrainSettings)
     data: Path | None = None
@@ -148,6 +151,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         f" (default {DistillOptions.document_share}; 0: none)",
     )
     parser.add_argument(
+        "--follow-up-share",
+        type=float,
+        default=DistillOptions.follow_up_share,
+        metavar="X",
+        help="with --data: the share of a new shard's prompts that follow up one of its own"
+        " questions and the target's answer with a next message the target writes: second"
+        f" turns of a chat (default {DistillOptions.follow_up_share}; 0: none)",
+    )
+    parser.add_argument(
         "--minutes",
         type=float,
         default=TRAIN.max_minutes,
@@ -250,6 +262,11 @@ def check_arguments(args: argparse.Namespace) -> None:
             raise ValueError(f"{flag} must be at least 1 (or 0: by device), got {value}")
     if not 0 <= args.document_share < 1:
         raise ValueError(f"--document-share must be in [0, 1), got {args.document_share}")
+    if not 0 <= args.follow_up_share < 1 or args.document_share + args.follow_up_share >= 1:
+        raise ValueError(
+            "--follow-up-share must be in [0, 1) and leave room beside --document-share"
+            f" for first turns, got {args.follow_up_share} (with {args.document_share})"
+        )
     if not args.minutes > 0:
         raise ValueError(f"--minutes must be > 0, got {args.minutes}")
     if not 0 < args.learning_rate < 1:
@@ -279,6 +296,7 @@ def options_from_args(args: argparse.Namespace, default_work: Path) -> DistillOp
         writer_dtype=args.writer_dtype,
         answer_batch=args.answer_batch,
         document_share=args.document_share,
+        follow_up_share=args.follow_up_share,
         seed=args.distill_seed,
         train=train,
         data=args.data,

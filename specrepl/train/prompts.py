@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import torch
@@ -28,9 +28,11 @@ __all__ = [
     "DOCUMENT_TASKS",
     "OPENERS",
     "PROMPT_SOURCE",
+    "continue_user_turns",
     "document_prompt",
     "make_prompts",
     "read_prompts",
+    "user_turn_prefix",
     "write_prompt_batch",
 ]
 
@@ -146,16 +148,68 @@ def document_prompt(task: str, documents: Sequence[str]) -> str:
     return f"{task}\n\n{body}"
 
 
-def _user_turn_prefix(tokenizer: PreTrainedTokenizerBase, system: str | None) -> tuple[str, str]:
-    """The chat template rendered up to where a user's message starts, and
-    what follows a message (to find where the model's message ends)."""
+def user_turn_prefix(
+    tokenizer: PreTrainedTokenizerBase, conversation: Sequence[Mapping[str, str]] = ()
+) -> str:
+    """The chat template rendered over `conversation` (earlier messages; none:
+    a new chat, with the template's own system prompt) up to where the next
+    user message starts."""
     marker = "\u2063USER\u2063"
-    messages = [{"role": "user", "content": marker}]
-    if system:
-        messages.insert(0, {"role": "system", "content": system})
-    text = tokenizer.apply_chat_template(messages, tokenize=False)
-    prefix, suffix = text.split(marker, 1)
-    return prefix, suffix
+    messages = [*conversation, {"role": "user", "content": marker}]
+    return tokenizer.apply_chat_template(messages, tokenize=False).split(marker, 1)[0]
+
+
+def continue_user_turns(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    prefixes: Sequence[str],
+    openers: Sequence[str],
+    *,
+    generator: torch.Generator,
+    end_tokens: Sequence[int],
+    max_tokens: int = 96,
+    temperature: float = 0.9,
+    top_p: float = 0.95,
+) -> list[str | None]:
+    """The user message the target writes after each of `prefixes` (a chat
+    rendered up to a user turn), started with its opener: the text where it
+    ended within `max_tokens`, holds no control token and has three words or
+    more, else None."""
+    pad_id = (
+        tokenizer.pad_token_id if tokenizer.pad_token_id is not None else next(iter(end_tokens))
+    )
+    ends = set(end_tokens)
+    special = set(tokenizer.all_special_ids) | ends
+    batch = [
+        tokenizer.encode(prefix + opener, add_special_tokens=False)
+        for prefix, opener in zip(prefixes, openers, strict=True)
+    ]
+    generated = batched_generate(
+        model,
+        batch,
+        max_new_tokens=max_tokens,
+        end_tokens=end_tokens,
+        pad_id=pad_id,
+        temperature=temperature,
+        top_p=top_p,
+        generator=generator,
+        keep_features=False,
+    )
+    messages: list[str | None] = []
+    for opener, sequence, start in zip(
+        openers, generated.ids, generated.prompt_lengths, strict=True
+    ):
+        tail = sequence[start:].tolist()
+        text = (opener + tokenizer.decode(tail[:-1])).strip() if tail else ""
+        usable = (
+            bool(tail)
+            and tail[-1] in ends  # it ended before running out of tokens
+            and not any(token in special for token in tail[:-1])  # plain text only
+            and len(text.split()) >= 3
+            and "<|" not in text
+        )
+        messages.append(text if usable else None)
+    return messages
 
 
 def write_prompt_batch(
@@ -172,42 +226,26 @@ def write_prompt_batch(
     top_p: float = 0.95,
 ) -> list[str]:
     """One batch of user messages the target writes itself (each started with
-    an opener drawn by `rng`): those that ended within `max_tokens`, hold no
-    control token, have three words or more and are not in `seen` (which
-    grows by them)."""
-    prefix, _ = _user_turn_prefix(tokenizer, None)
-    pad_id = (
-        tokenizer.pad_token_id if tokenizer.pad_token_id is not None else next(iter(end_tokens))
-    )
-    ends = set(end_tokens)
-    special = set(tokenizer.all_special_ids) | ends
+    an opener drawn by `rng`, see `continue_user_turns`) that are not in
+    `seen` (which grows by them)."""
+    prefix = user_turn_prefix(tokenizer)
     openers = [rng.choice(OPENERS) for _ in range(batch_size)]
-    batch = [tokenizer.encode(prefix + opener, add_special_tokens=False) for opener in openers]
-    generated = batched_generate(
+    written = continue_user_turns(
         model,
-        batch,
-        max_new_tokens=max_tokens,
+        tokenizer,
+        [prefix] * batch_size,
+        openers,
+        generator=generator,
         end_tokens=end_tokens,
-        pad_id=pad_id,
+        max_tokens=max_tokens,
         temperature=temperature,
         top_p=top_p,
-        generator=generator,
-        keep_features=False,
     )
     fresh: list[str] = []
-    for opener, sequence, start in zip(
-        openers, generated.ids, generated.prompt_lengths, strict=True
-    ):
-        tail = sequence[start:].tolist()
-        if not tail or tail[-1] not in ends:
-            continue  # ran out of tokens before the message ended
-        if any(token in special for token in tail[:-1]):
-            continue  # a control token inside the message: not plain text
-        text = (opener + tokenizer.decode(tail[:-1])).strip()
-        if len(text.split()) < 3 or text in seen or "<|" in text:
-            continue
-        seen.add(text)
-        fresh.append(text)
+    for text in written:
+        if text is not None and text not in seen:
+            seen.add(text)
+            fresh.append(text)
     return fresh
 
 
