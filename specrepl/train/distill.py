@@ -24,6 +24,7 @@ knows nothing about decoding.
 from __future__ import annotations
 
 import argparse
+import functools
 import time
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
@@ -83,18 +84,15 @@ TRAINING_LOCK = ".training.lock"
 """Held in a checkpoint (or work) directory by the one process training from it."""
 
 
-def _encoder(pair: ModelPair) -> Callable[[str], list[int]]:
-    def encode(text: str) -> list[int]:
-        return chat_prompt_ids(pair.tokenizer, [{"role": "user", "content": text}])
-
-    return encode
-
-
 def _chat_encoder(pair: ModelPair) -> Callable[[Sequence[Mapping[str, str]]], list[int]]:
-    def encode(messages: Sequence[Mapping[str, str]]) -> list[int]:
-        return chat_prompt_ids(pair.tokenizer, messages)
+    """Encodes a conversation as the target reads it (`chat_prompt_ids`)."""
+    return functools.partial(chat_prompt_ids, pair.tokenizer)
 
-    return encode
+
+def _encoder(pair: ModelPair) -> Callable[[str], list[int]]:
+    """Encodes one user message: a conversation of one turn."""
+    encode_chat = _chat_encoder(pair)
+    return lambda text: encode_chat([{"role": "user", "content": text}])
 
 
 def _pad_id(pair: ModelPair) -> int:
