@@ -27,6 +27,13 @@ def target() -> torch.nn.Module:
     return tiny_llama(32, seed=0)
 
 
+@pytest.fixture(autouse=True)
+def grouped_never_cheaper(monkeypatch) -> None:
+    """These tests are about the copy's attention: the pair's other timed choice
+    (grouped heads, tests/test_grouped_attention.py) finds nothing cheaper."""
+    monkeypatch.setattr(model_tuning, "measure_grouped_attention", lambda model: {})
+
+
 def _bf16_copy(target) -> LlamaForCausalLM:
     """The target's weights in bfloat16, with a config of its own."""
     copy = LlamaForCausalLM(copy_module.deepcopy(target.config))

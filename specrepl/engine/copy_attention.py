@@ -29,6 +29,8 @@ from transformers import AttentionInterface, AttentionMaskInterface, PreTrainedM
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import sdpa_mask
 
+from specrepl.engine.grouped_attention import GROUPED_ATTENTION
+
 __all__ = ["ATTENTION", "can_attend_in_cache_dtype", "measure_attention"]
 
 ATTENTION = "specrepl_sdpa_in_cache_dtype"
@@ -57,9 +59,12 @@ AttentionMaskInterface.register(ATTENTION, sdpa_mask)
 
 
 def can_attend_in_cache_dtype(model: PreTrainedModel) -> bool:
-    """Whether `model` attends with `sdpa` (or with `ATTENTION` already), which
-    `ATTENTION` can stand in for; a model with another implementation cannot."""
-    return getattr(model.config, "_attn_implementation", None) in ("sdpa", ATTENTION)
+    """Whether `model` attends with `sdpa` (or with `ATTENTION` already, or with
+    `grouped_attention.GROUPED_ATTENTION`, which is `sdpa` with other copies),
+    which `ATTENTION` can stand in for; a model with another implementation
+    cannot."""
+    implementation = getattr(model.config, "_attn_implementation", None)
+    return implementation in ("sdpa", ATTENTION, GROUPED_ATTENTION)
 
 
 def _attention_module(model: PreTrainedModel) -> torch.nn.Module | None:

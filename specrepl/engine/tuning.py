@@ -9,7 +9,9 @@ A `Tuning` holds three measured choices for one model:
   whether they hold packed copies of their weights, without which its packed
   widths run in the stock form;
 - its attention implementation, when a copy of the target attends in the
-  dtype of the target's keys and values (`copy_attention.py`).
+  dtype of the target's keys and values (`copy_attention.py`), or a model
+  keeps its grouped key/value heads grouped in passes of several tokens
+  (`grouped_attention.py`).
 
 Whoever loads the models creates one per model (`specrepl.models`: a
 `LoadedModel` carries it, and `specrepl.models.tuning` is the one place that
@@ -47,7 +49,8 @@ class Tuning:
     """Those layers hold packed copies of their weights (`linear_forms.pack_weights`)."""
     attention: str | None = None
     """The attention implementation the loader switched the model to
-    (`copy_attention.ATTENTION`); None: the one it was loaded with."""
+    (`copy_attention.ATTENTION` or `grouped_attention.GROUPED_ATTENTION`);
+    None: the one it was loaded with."""
 
     def padded_width(self, width: int) -> int:
         """The width to feed instead of `width` (itself when there is no plan)."""

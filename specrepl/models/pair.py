@@ -21,7 +21,7 @@ from specrepl.engine.drafters.model import is_copy_of
 from specrepl.engine.forward import context_length
 from specrepl.models.compatibility import check_compatibility
 from specrepl.models.loaded import LoadedModel
-from specrepl.models.tuning import choose_copy_attention
+from specrepl.models.tuning import choose_copy_attention, choose_grouped_attention
 
 __all__ = ["DEFAULT_CONTEXT_LENGTH", "ModelPair", "find_end_tokens"]
 
@@ -101,7 +101,9 @@ class ModelPair:
     ) -> ModelPair:
         """The pair of two loaded models, checked (see `from_models`). A drafter
         that is a copy of the target chooses here, on a CPU, the attention it
-        drafts with (`tuning.choose_copy_attention`)."""
+        drafts with (`tuning.choose_copy_attention`), and each model with grouped
+        key/value heads whether it keeps them grouped in passes of several
+        tokens (`tuning.choose_grouped_attention`), both timed."""
         if drafter is not None and drafter.device != target.device:
             raise ValueError(
                 f"the target is on {target.device} and the drafter on {drafter.device}: "
@@ -116,6 +118,9 @@ class ModelPair:
         copy = drafter is not None and is_copy_of(drafter.model, target.model)
         if copy and drafter is not None:
             choose_copy_attention(drafter.model, drafter.tuning, target.dtype)
+        choose_grouped_attention(target.model, target.tuning)
+        if drafter is not None and drafter is not target:
+            choose_grouped_attention(drafter.model, drafter.tuning)
         return cls(
             target=target,
             drafter=drafter,

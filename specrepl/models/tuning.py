@@ -13,7 +13,11 @@ because of how the libraries decide:
 - transformers reads the attention implementation from the model's config,
   so a copy of the target that attends cheaper in the dtype of the target's
   keys and values is switched to `copy_attention.ATTENTION`
-  (`choose_copy_attention`), through transformers' `set_attn_implementation`.
+  (`choose_copy_attention`), through transformers' `set_attn_implementation`;
+  a model with grouped key/value heads that attends with `sdpa` is switched
+  to `grouped_attention.GROUPED_ATTENTION` where masked passes of several
+  tokens measured cheaper with the heads kept grouped
+  (`choose_grouped_attention`).
 
 Only the functions here make those changes, each records it in the model's
 `Tuning`, `apply_tuning` makes a model loaded again match what its tuning
@@ -28,6 +32,11 @@ from transformers import PreTrainedModel
 
 from specrepl.engine.copy_attention import ATTENTION, can_attend_in_cache_dtype, measure_attention
 from specrepl.engine.devices import available_memory, release_memory
+from specrepl.engine.grouped_attention import (
+    GROUPED_ATTENTION,
+    can_group_attention,
+    measure_grouped_attention,
+)
 from specrepl.engine.linear_forms import (
     allow_forms,
     pack_weights,
@@ -43,13 +52,15 @@ __all__ = [
     "apply_tuning",
     "attend_in_cache_dtype",
     "choose_copy_attention",
+    "choose_grouped_attention",
     "pack_linear_weights",
     "undo_tuning",
     "unpack_linear_weights",
 ]
 
 STOCK_ATTENTION = "sdpa"
-"""The attention implementation `ATTENTION` replaces (and `undo_tuning` restores)."""
+"""The attention implementation `ATTENTION` and `GROUPED_ATTENTION` replace (and
+`undo_tuning` restores)."""
 
 
 def allow_linear_forms(model: PreTrainedModel, tuning: Tuning) -> None:
@@ -106,6 +117,30 @@ def choose_copy_attention(copy: PreTrainedModel, tuning: Tuning, cache_dtype: to
     costs = measure_attention(copy, cache_dtype)
     if costs and costs[cache_dtype] < costs[own]:
         attend_in_cache_dtype(copy, tuning)
+
+
+def choose_grouped_attention(model: PreTrainedModel, tuning: Tuning) -> bool:
+    """For a model on a CPU with grouped key/value heads that attends with
+    `sdpa`: time a masked 8-token pass over a 1,024-token context with the
+    heads repeated and grouped (once, a few milliseconds) and switch it to
+    `GROUPED_ATTENTION` where grouped measured cheaper, recording it. Returns
+    whether the model attends grouped; a model already switched to another
+    implementation (a copy attending in its cache's dtype) is left as it is."""
+    if tuning.attention == GROUPED_ATTENTION:
+        return True
+    if tuning.attention is None and model.config._attn_implementation == GROUPED_ATTENTION:
+        tuning.attention = GROUPED_ATTENTION  # switched when wrapped before
+        return True
+    if tuning.attention is not None or not can_group_attention(model):
+        return False
+    if next(model.parameters()).device.type != "cpu":
+        return False
+    costs = measure_grouped_attention(model)
+    if not costs or costs["grouped"] >= costs["repeated"]:
+        return False
+    model.set_attn_implementation(GROUPED_ATTENTION)
+    tuning.attention = GROUPED_ATTENTION
+    return True
 
 
 def apply_tuning(model: PreTrainedModel, tuning: Tuning) -> None:
