@@ -162,6 +162,7 @@ class LoadedModel:
             "load_seconds": self.load_seconds,
             "from_cache": self.from_cache,
             "gguf": None if self.gguf is None else str(self.gguf),
+            "attention": getattr(self.model.config, "_attn_implementation", None),
         }
 
     def describe(self) -> str:
