@@ -29,7 +29,7 @@ from transformers import AttentionInterface, AttentionMaskInterface, PreTrainedM
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import sdpa_mask
 
-from specrepl.engine.grouped_attention import GROUPED_ATTENTION
+from specrepl.engine.grouped_attention import GROUPED_ATTENTION, attention_module
 
 __all__ = ["ATTENTION", "can_attend_in_cache_dtype", "measure_attention"]
 
@@ -67,13 +67,6 @@ def can_attend_in_cache_dtype(model: PreTrainedModel) -> bool:
     return implementation in ("sdpa", ATTENTION, GROUPED_ATTENTION)
 
 
-def _attention_module(model: PreTrainedModel) -> torch.nn.Module | None:
-    for module in model.modules():
-        if hasattr(module, "num_key_value_groups") and hasattr(module, "head_dim"):
-            return module
-    return None
-
-
 @torch.no_grad()
 def measure_attention(
     model: PreTrainedModel,
@@ -85,7 +78,7 @@ def measure_attention(
     """Median seconds of one query attending over `context` cached positions,
     keys and values in the model's dtype and in `cache_dtype` (the timings
     alternate). Empty when the model has no attention layer this recognises."""
-    module = _attention_module(model)
+    module = attention_module(model)
     if module is None:
         return {}
     config = model.config.get_text_config()

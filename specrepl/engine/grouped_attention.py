@@ -32,7 +32,12 @@ from transformers import AttentionInterface, AttentionMaskInterface, PreTrainedM
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import sdpa_mask
 
-__all__ = ["GROUPED_ATTENTION", "can_group_attention", "measure_grouped_attention"]
+__all__ = [
+    "GROUPED_ATTENTION",
+    "attention_module",
+    "can_group_attention",
+    "measure_grouped_attention",
+]
 
 GROUPED_ATTENTION = "specrepl_sdpa_grouped"
 
@@ -88,15 +93,23 @@ AttentionInterface.register(GROUPED_ATTENTION, _grouped_attention)
 AttentionMaskInterface.register(GROUPED_ATTENTION, sdpa_mask)
 
 
+def attention_module(model: PreTrainedModel) -> torch.nn.Module | None:
+    """`model`'s first attention layer (one with key/value groups and a head
+    size), or None when it has none this recognises."""
+    for module in model.modules():
+        if hasattr(module, "num_key_value_groups") and hasattr(module, "head_dim"):
+            return module
+    return None
+
+
 def _heads(model: PreTrainedModel) -> tuple[int, int, int] | None:
     """Query heads, key/value heads and head size of `model`'s attention, or None
     when it has no attention layer this recognises."""
-    for module in model.modules():
-        if hasattr(module, "num_key_value_groups") and hasattr(module, "head_dim"):
-            config = model.config.get_text_config()
-            heads = int(config.num_attention_heads)
-            return heads, heads // int(module.num_key_value_groups), int(module.head_dim)
-    return None
+    module = attention_module(model)
+    if module is None:
+        return None
+    heads = int(model.config.get_text_config().num_attention_heads)
+    return heads, heads // int(module.num_key_value_groups), int(module.head_dim)
 
 
 def can_group_attention(model: PreTrainedModel) -> bool:
