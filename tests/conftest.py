@@ -126,4 +126,6 @@ def llama():
         if os.environ.get("SPECREPL_REQUIRE_LLAMACPP") == "1":
             pytest.fail("llama-cpp-python is not installed and SPECREPL_REQUIRE_LLAMACPP=1")
         pytest.skip("llama-cpp-python is not installed (bash scripts/setup.sh builds it)")
-    return open_gguf(embedded_gguf_path(), context_length=2048, threads=torch.get_num_threads())
+    return open_gguf(
+        embedded_gguf_path(), context_length=2048, threads=torch.get_num_threads(), sequences=2
+    )

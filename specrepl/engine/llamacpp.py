@@ -10,7 +10,11 @@ llama-cpp-python has no wheel on PyPI: `bash scripts/setup.sh` compiles it
 (several minutes; a build that fails leaves specrepl working without it).
 `open_gguf` raises `LlamaCppUnavailable` with the reason (not installed, no
 GGUF file, does not import or load), so that callers can say why and go on
-without it.
+without it. With `sequences=2` its context holds a second, scratch sequence
+in the same cache (`with_sequences`): the drafter writes the target's keys
+and values for new positions there and joins them to its own sequence
+(`drafters/llamacpp_kv.py`), where llama.cpp's sequence-state call would
+otherwise replace the whole sequence.
 
 A native library can do what no Python exception reports: a build of
 llama.cpp 0.3.36 crashed with a segmentation fault in `llama_decode` on a
@@ -45,7 +49,9 @@ __all__ = [
     "LlamaCppUnavailable",
     "import_llamacpp",
     "open_gguf",
+    "sequences",
     "trial_problem",
+    "with_sequences",
 ]
 
 INSTALL_HINT = "bash scripts/setup.sh builds it"
@@ -67,6 +73,21 @@ for _ in range(4):
     llama.eval([prompt[-1]])
 llama.n_tokens = len(prompt) // 2
 llama.eval(prompt[len(prompt) // 2 :])
+# a state written into the scratch sequence and joined to the first (llamacpp_kv)
+import ctypes
+from specrepl.engine.llamacpp import sequences, with_sequences
+llama = with_sequences(llama, 2)
+if sequences(llama) >= 2:
+    llama.eval(prompt)
+    size = llama_cpp.llama_state_seq_get_size(llama.ctx, 0)
+    state = (ctypes.c_uint8 * size)()
+    size = llama_cpp.llama_state_seq_get_data(llama.ctx, state, size, 0)
+    memory = llama_cpp.llama_get_memory(llama.ctx)
+    llama_cpp.llama_memory_seq_rm(memory, 0, -1, -1)
+    assert llama_cpp.llama_state_seq_set_data(llama.ctx, state, size, 1) == size
+    llama_cpp.llama_memory_seq_cp(memory, 1, 0, -1, -1)
+    llama_cpp.llama_memory_seq_rm(memory, 1, -1, -1)
+    llama.eval([prompt[-1]])
 print("llama.cpp trial ok")
 """
 
@@ -90,11 +111,14 @@ def open_gguf(
     *,
     context_length: int,
     threads: int | None = None,
+    sequences: int = 1,
     **options: Any,
 ) -> Any:
     """A `llama_cpp.Llama` for the GGUF file at `path` with a context of
     `context_length` tokens and `threads` threads (default: every CPU), or
-    LlamaCppUnavailable saying why it cannot run here. `options` go to `Llama`."""
+    LlamaCppUnavailable saying why it cannot run here. `options` go to `Llama`.
+    With `sequences` > 1 its cache holds that many sequences where the binding
+    allows it (`with_sequences`; `sequences(llama)` says what it got)."""
     if path is None:
         raise LlamaCppUnavailable(
             "it runs a GGUF file and the model was not loaded from one "
@@ -108,7 +132,7 @@ def open_gguf(
     if problem is not None:
         raise LlamaCppUnavailable(problem)
     try:
-        return llama_cpp.Llama(
+        llama = llama_cpp.Llama(
             model_path=str(path),
             n_ctx=context_length,
             n_threads=threads,
@@ -120,6 +144,39 @@ def open_gguf(
         raise LlamaCppUnavailable(
             f"llama-cpp-python could not load {path.name}: {error}"
         ) from error
+    return with_sequences(llama, sequences) if sequences > 1 else llama
+
+
+def with_sequences(llama: Any, count: int) -> Any:
+    """`llama` with a context whose one cache (all positions shared, so a
+    sequence may hold any of them) serves `count` sequences, or `llama` as it
+    was where the binding does not allow it. `Llama` offers no such option
+    (only its embedding mode sets one), so the context is made again from its
+    own parameters; the old one is closed once the new one exists."""
+    llama_cpp = import_llamacpp()
+    params = llama.context_params
+    before = (params.n_seq_max, params.kv_unified)
+    try:
+        from llama_cpp import _internals
+
+        params.n_seq_max, params.kv_unified = count, True
+        context = _internals.LlamaContext(model=llama._model, params=params, verbose=False)
+    except Exception:  # another binding's internals: one sequence, as before
+        params.n_seq_max, params.kv_unified = before
+        return llama
+    old, llama._ctx = llama._ctx, context
+    old.close()
+    llama.n_tokens = 0
+    params.n_seq_max = int(llama_cpp.llama_n_seq_max(llama.ctx))
+    return llama
+
+
+def sequences(llama: Any) -> int:
+    """How many sequences `llama`'s context holds (1 where the binding cannot say)."""
+    try:
+        return int(import_llamacpp().llama_n_seq_max(llama.ctx))
+    except Exception:
+        return 1
 
 
 _TRIED: dict[str, str | None] = {}
@@ -193,7 +250,8 @@ def _trial_key(path: Path) -> str:
         for file in sorted(Path(location).glob("lib/*")):
             stat = file.stat()
             library.append(f"{file.name}:{stat.st_size}:{stat.st_mtime_ns}")
-    parts = (version, "|".join(library), _cpu_identity(), fingerprint(path))
+    trial = hashlib.sha256(_TRIAL.encode()).hexdigest()[:12]  # a new trial runs again
+    parts = (version, "|".join(library), _cpu_identity(), fingerprint(path), trial)
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:32]
 
 

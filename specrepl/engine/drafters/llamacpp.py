@@ -130,7 +130,9 @@ class LlamaCppDrafter(Drafter):
     is expected to cost less than reading it (`import_pays`: the importer's
     measured seconds per position against `read_seconds_per_token`, the
     batched read timed when the runtime was chosen and after every read).
-    It then reads only the last token. No window applies.
+    Where the importer appends, only the positions after those it holds are
+    written (a chat's new turn), else the whole sequence. It then reads only
+    the last token. No window applies.
     """
 
     def __init__(
@@ -227,49 +229,61 @@ class LlamaCppDrafter(Drafter):
         unread = len(ids) - self._plan(ids)
         return max(0, min(k, self.context - (len(self.view.tokens) + unread) + 1))
 
-    def _importable(self, ids: list[int]) -> int:
-        """How many leading tokens of `ids` to take from the target's cache
-        before drafting (0: read instead). Everything but the last token, where
-        the target's cache holds it, the stretch is longer than the usual
-        one or two tokens, and the write is expected to cost less than the read."""
+    def _importable(self, ids: list[int]) -> tuple[int, int]:
+        """Which positions of `ids` to take from the target's cache before
+        drafting, [start, count) ((0, 0): read instead). Everything but the last
+        token, where the target's cache holds it, the stretch is longer than the
+        usual one or two tokens, and the write is expected to cost less than
+        the read. Where the importer appends and the drafter holds a prefix of
+        `ids`, only what follows it is written."""
         if self.importer is None or self._target_cache is None:
-            return 0
+            return 0, 0
         count = min(cached_length(self._target_cache), len(ids) - 1)
-        unseen = count - self.view.covered
-        if unseen <= 2 or not self.import_pays(count, unseen):
-            return 0
-        return count
+        covered = self.view.covered
+        unseen = count - covered
+        if unseen <= 2:
+            return 0, 0
+        start = covered if self.importer.appends and self.view.spans[:1] == [(0, covered)] else 0
+        if not self.import_pays(count - start, unseen, append=start > 0):
+            return 0, 0
+        return start, count
 
-    def import_pays(self, count: int, unseen: int) -> bool:
-        """Whether writing `count` positions is expected to cost less than
-        reading the `unseen` of them the drafter lacks (measured costs)."""
+    def import_pays(self, written: int, unseen: int, *, append: bool = False) -> bool:
+        """Whether writing `written` positions (`append`: after those held) is
+        expected to cost less than reading the `unseen` the drafter lacks
+        (measured costs)."""
         if self.importer is None:
             return False
         if self.read_seconds_per_token is None:
             return True
-        return self.importer.estimate(count) < unseen * self.read_seconds_per_token
+        cost = self.importer.estimate_append(written) if append else self.importer.estimate(written)
+        return cost < unseen * self.read_seconds_per_token
 
     def offers(self, sequence: torch.Tensor, k: int) -> list[Offer]:
         ids = sequence.tolist()
         self._sync(ids)
-        start = max(self._plan(ids), self._importable(ids))
+        start = max(self._plan(ids), self._importable(ids)[1])
         return [Offer(self.name, self._room(ids, k), len(ids) - start)]
 
     def _import(self, ids: list[int]) -> tuple[int, float]:
         """Take the target's keys and values where that pays (`_importable`);
         returns the positions written and the seconds taken."""
-        count = self._importable(ids)
+        start, count = self._importable(ids)
         if count <= 0:
             return 0, 0.0
         assert self.importer is not None
         try:
-            seconds = self.importer.write(self._target_cache, count, ids)
-        except RuntimeError:  # llama.cpp refused: its cache is empty, read instead
-            self.view = DraftView()
+            if start > 0:
+                seconds = self.importer.append(self._target_cache, start, count, ids)
+            else:
+                seconds = self.importer.write(self._target_cache, count, ids)
+        except RuntimeError:  # llama.cpp refused: it holds the first `start`, read the rest
+            self.view.cut_view(start)
+            self.llama.n_tokens = min(self.llama.n_tokens, start)
             return 0, 0.0
-        self.view = DraftView()
-        self.view.extend(0, ids[:count])
-        return count, seconds
+        self.view.cut_view(start)
+        self.view.extend(start, ids[start:count])
+        return count - start, seconds
 
     def propose(
         self,

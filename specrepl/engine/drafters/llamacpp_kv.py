@@ -22,6 +22,14 @@ it predicts after reading for itself. Any mismatch gives no importer, with
 the reason, and the drafter reads as before. The output never depends on
 this: the target verifies every draft.
 
+llama.cpp's call replaces the whole sequence it writes, so a write of the
+positions 0..n-1 costs in proportion to n, however few of them are new. Where
+the context holds a second sequence in the same cache (`open_gguf(...,
+sequences=2)`), `KvImporter.append` writes only the new positions there and
+joins them to the drafter's sequence (`llama_memory_seq_cp`, which marks
+cells, copying nothing): a short turn after 8,000 tokens costs a few
+positions instead of 8,000. The probe checks that too, the same way.
+
 This module knows nothing about drafting, gamma policies or rendering.
 """
 
@@ -38,7 +46,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from specrepl.engine.kv_cache import cached_length, new_cache
-from specrepl.engine.llamacpp import import_llamacpp
+from specrepl.engine.llamacpp import import_llamacpp, sequences
 
 __all__ = ["KvImporter", "StateLayout", "probe_importer"]
 
@@ -206,84 +214,140 @@ def _llama_keys(keys: torch.Tensor, interleaved: bool) -> torch.Tensor:
 
 
 class KvImporter:
-    """Writes a transformers cache's first positions into llama.cpp's seq 0.
+    """Writes a transformers cache's positions into llama.cpp's seq 0.
 
-    llama.cpp's sequence-state read replaces the whole sequence, so a write
-    covers positions 0..count-1, and its cost grows with the context: it is
-    timed at every write (`seconds_per_position`, the probe's first), so the
-    drafter can weigh it against reading the unseen tokens itself."""
+    `write` replaces the whole sequence with positions 0..count-1 (llama.cpp's
+    sequence-state read replaces what it writes to), so its cost grows with
+    the context; `append` (where `appends`: a scratch sequence in the same
+    cache, checked by the probe) writes only positions start..count-1 and
+    keeps the rest. Both are timed at every call (`seconds_per_position`, and
+    `append_seconds` for an append's cost beyond its positions), so the
+    drafter can weigh them against reading the unseen tokens itself."""
 
-    def __init__(self, llama: Any, layout: StateLayout, seconds_per_position: float) -> None:
+    def __init__(
+        self,
+        llama: Any,
+        layout: StateLayout,
+        seconds_per_position: float,
+        *,
+        appends: bool = False,
+        append_seconds: float = 0.0,
+    ) -> None:
         self.llama = llama
         self.layout = layout
         self.seconds_per_position = seconds_per_position
+        self.appends = appends
+        self.append_seconds = append_seconds
 
     def estimate(self, count: int) -> float:
         """Seconds a write of `count` positions is expected to take."""
         return count * self.seconds_per_position
+
+    def estimate_append(self, positions: int) -> float:
+        """Seconds an append of `positions` new positions is expected to take."""
+        return self.append_seconds + positions * self.seconds_per_position
 
     def write(self, cache: DynamicCache, count: int, tokens: list[int]) -> float:
         """Make llama.cpp hold `tokens` (the first `count` of the sequence) with
         the keys and values `cache` holds for them; returns the seconds taken.
         Raises RuntimeError when llama.cpp refuses the state (its cache is
         then empty)."""
-        if count <= 0 or cached_length(cache) < count or len(tokens) < count:
-            raise ValueError(f"cannot write {count} positions from {cached_length(cache)} cached")
+        self._check(cache, 0, count, tokens)
         started = time.perf_counter()
-        state = self._state(cache, count)
-        library = import_llamacpp()
-        pointer = state.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8))
-        read = library.llama_state_seq_set_data(self.llama.ctx, pointer, state.size, 0)
-        if read != state.size:
-            self.llama.n_tokens = 0
-            raise RuntimeError(f"llama.cpp took {read} of {state.size} bytes of keys and values")
+        self._set(cache, 0, count, 0)
         self.llama.input_ids[:count] = tokens[:count]
         self.llama.n_tokens = count
         seconds = time.perf_counter() - started
-        per_position = seconds / count
-        self.seconds_per_position = 0.7 * self.seconds_per_position + 0.3 * per_position
+        self.seconds_per_position = 0.7 * self.seconds_per_position + 0.3 * seconds / count
         return seconds
 
-    def _state(self, cache: DynamicCache, count: int) -> np.ndarray:
-        """The sequence state of positions 0..count-1, bytes laid out as `_parse`
-        reads them; each layer's keys and values are converted in one strided
-        copy straight into place."""
+    def append(self, cache: DynamicCache, start: int, count: int, tokens: list[int]) -> float:
+        """Make llama.cpp hold `tokens[:count]`, keeping what it holds for the
+        first `start` (which must be `tokens[:start]`) and taking positions
+        start..count-1 from `cache`; returns the seconds taken. Raises
+        RuntimeError when llama.cpp refuses the state (it then holds the first
+        `start` tokens)."""
+        if not self.appends:
+            raise RuntimeError("this llama.cpp context has no scratch sequence")
+        self._check(cache, start, count, tokens)
+        if start == 0:
+            return self.write(cache, count, tokens)
+        started = time.perf_counter()
+        library = import_llamacpp()
+        memory = library.llama_get_memory(self.llama.ctx)
+        library.llama_memory_seq_rm(memory, 0, start, -1)
+        self.llama.n_tokens = start
+        try:
+            self._set(cache, start, count, 1)
+        except RuntimeError:
+            library.llama_memory_seq_rm(memory, 1, -1, -1)
+            raise
+        library.llama_memory_seq_cp(memory, 1, 0, -1, -1)  # marks the cells seq 0's too
+        library.llama_memory_seq_rm(memory, 1, -1, -1)
+        self.llama.input_ids[start:count] = tokens[start:count]
+        self.llama.n_tokens = count
+        seconds = time.perf_counter() - started
+        beyond = max(0.0, seconds - (count - start) * self.seconds_per_position)
+        self.append_seconds = 0.7 * self.append_seconds + 0.3 * beyond
+        return seconds
+
+    def _check(self, cache: DynamicCache, start: int, count: int, tokens: list[int]) -> None:
+        if not 0 <= start < count or cached_length(cache) < count or len(tokens) < count:
+            raise ValueError(
+                f"cannot write positions {start}..{count - 1} from {cached_length(cache)} cached"
+            )
+
+    def _set(self, cache: DynamicCache, start: int, count: int, sequence: int) -> None:
+        """Hand llama.cpp the state of positions start..count-1 for `sequence`
+        (which it empties first); RuntimeError where it takes less than all."""
+        state = self._state(cache, start, count)
+        library = import_llamacpp()
+        pointer = state.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8))
+        read = library.llama_state_seq_set_data(self.llama.ctx, pointer, state.size, sequence)
+        if read != state.size:
+            if sequence == 0:
+                self.llama.n_tokens = 0
+            raise RuntimeError(f"llama.cpp took {read} of {state.size} bytes of keys and values")
+
+    def _state(self, cache: DynamicCache, start: int, count: int) -> np.ndarray:
+        """The sequence state of positions start..count-1, bytes laid out as
+        `_parse` reads them; each layer's keys and values are converted in one
+        strided copy straight into place."""
         layout = self.layout
         key_np, _ = _TYPES[layout.key_type]
         value_np, _ = _TYPES[layout.value_type]
         key_size, value_size = np.dtype(key_np).itemsize, np.dtype(value_np).itemsize
-        head = 16 + 12 * count + 8
-        key_block = 12 + count * layout.width * key_size
-        value_block = 12 + count * layout.width * value_size
+        n = count - start
+        head = 16 + 12 * n + 8
+        key_block = 12 + n * layout.width * key_size
+        value_block = 12 + n * layout.width * value_size
         state = np.empty(head + layout.layers * (key_block + value_block), dtype=np.uint8)
-        struct.pack_into("<IiII", state, 0, _MAGIC, 0, 1, count)
-        cells = state[16 : 16 + 12 * count].view(np.int32).reshape(count, 3)
-        cells[:, 0] = np.arange(count)
+        struct.pack_into("<IiII", state, 0, _MAGIC, 0, 1, n)
+        cells = state[16 : 16 + 12 * n].view(np.int32).reshape(n, 3)
+        cells[:, 0] = np.arange(start, count)
         cells[:, 1] = 1
         cells[:, 2] = 0
-        struct.pack_into(
-            "<II", state, 16 + 12 * count, int(layout.values_transposed), layout.layers
-        )
+        struct.pack_into("<II", state, 16 + 12 * n, int(layout.values_transposed), layout.layers)
         offset = head
         for layer in cache.layers:
-            keys = layer.keys[0, :, :count].detach().to("cpu")  # (heads, n, d)
+            keys = layer.keys[0, :, start:count].detach().to("cpu")  # (heads, n, d)
             heads, _, d = keys.shape
             if layout.interleaved:  # target dimension h * d/2 + i is llama.cpp's 2i + h
-                keys = keys.reshape(heads, count, 2, d // 2).transpose(-1, -2)
+                keys = keys.reshape(heads, n, 2, d // 2).transpose(-1, -2)
             struct.pack_into("<iQ", state, offset, layout.key_type, layout.width * key_size)
             into = state[offset + 12 : offset + key_block].view(key_np)
-            torch.from_numpy(into).view(count, heads, *keys.shape[2:]).copy_(keys.transpose(0, 1))
+            torch.from_numpy(into).view(n, heads, *keys.shape[2:]).copy_(keys.transpose(0, 1))
             offset += key_block
         for layer in cache.layers:
-            values = layer.values[0, :, :count].detach().to("cpu")  # (heads, n, d)
+            values = layer.values[0, :, start:count].detach().to("cpu")  # (heads, n, d)
             heads, _, d = values.shape
             into = torch.from_numpy(state[offset + 12 : offset + value_block].view(value_np))
             if layout.values_transposed:  # one row per value dimension, across positions
                 struct.pack_into("<iII", state, offset, layout.value_type, value_size, layout.width)
-                into.view(heads, d, count).copy_(values.transpose(1, 2))
+                into.view(heads, d, n).copy_(values.transpose(1, 2))
             else:
                 struct.pack_into("<iQ", state, offset, layout.value_type, layout.width * value_size)
-                into.view(count, heads, d).copy_(values.transpose(0, 1))
+                into.view(n, heads, d).copy_(values.transpose(0, 1))
             offset += value_block
         return state
 
@@ -359,6 +423,33 @@ def _timed_importer(
     return importer, _logits(llama)
 
 
+def _checked_appends(
+    importer: KvImporter, cache: DynamicCache, tokens: list[int], own_logits: np.ndarray
+) -> str:
+    """Turn on `importer.appends` where the context has a scratch sequence and
+    an append (the probe's first half written, the rest but the last token
+    appended, timed) leaves llama.cpp predicting what it predicts after reading;
+    returns how it writes, in words."""
+    if sequences(importer.llama) < 2:
+        return "the whole sequence at each write (one sequence in llama.cpp's cache)"
+    half = PROBE_TOKENS // 2
+    importer.write(cache, half, tokens)
+    importer.appends = True
+    try:
+        seconds = importer.append(cache, half, PROBE_TOKENS - 1, tokens)
+        importer.llama.eval(tokens[-1:])
+        similarity = _cosine(own_logits, _logits(importer.llama))
+    except RuntimeError as error:
+        importer.appends = False
+        return f"the whole sequence at each write (an append was refused: {error})"
+    if similarity < MIN_AGREEMENT:
+        importer.appends = False
+        return f"the whole sequence at each write (an append predicted otherwise: {similarity:.3f})"
+    written = PROBE_TOKENS - 1 - half
+    importer.append_seconds = max(0.0, seconds - written * importer.seconds_per_position)
+    return "new positions only"
+
+
 def probe_importer(
     llama: Any, target: PreTrainedModel, *, seed: int = 0
 ) -> tuple[KvImporter | None, str]:
@@ -381,18 +472,24 @@ def probe_importer(
         if matched is None:
             return None, reason
         importer, taken_logits = _timed_importer(llama, matched, cache, tokens)
+        similarity = _cosine(own_logits, taken_logits)
+        writes = (
+            ""
+            if similarity < MIN_AGREEMENT
+            else _checked_appends(importer, cache, tokens, own_logits)
+        )
     except LayoutError as error:
         return None, f"llama.cpp's sequence state is not one this version knows ({error})"
     except (RuntimeError, ValueError, OSError) as error:
         return None, f"llama.cpp refused the target's keys and values ({error})"
     finally:
         llama.n_tokens = 0
-    similarity = _cosine(own_logits, taken_logits)
     if similarity < MIN_AGREEMENT:  # (random tokens: near ties make argmax a poor test)
         return (
             None,
             f"llama.cpp predicts otherwise from the target's keys (cosine {similarity:.3f})",
         )
     return importer, (
-        f"takes the target's keys and values (checked: cosine {similarity:.4f} on the probe)"
+        f"takes the target's keys and values (checked: cosine {similarity:.4f} on the probe), "
+        f"{writes}"
     )

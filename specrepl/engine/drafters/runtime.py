@@ -186,14 +186,14 @@ def choose_runtime(
     )
     threads = threads or torch.get_num_threads()
     if requested == "llamacpp":
-        llama = open_gguf(gguf, context_length=context, threads=threads)
+        llama = open_gguf(gguf, context_length=context, threads=threads, sequences=2)
         step, read = llama_costs(llama)
         return RuntimeChoice(llama, "asked for", {"llamacpp": step, "llamacpp_read": read})
     device = next(model.parameters()).device
     if device.type != "cpu":
         return RuntimeChoice(None, f"the drafter runs on {device.type}; llama.cpp here on the CPU")
     try:
-        llama = open_gguf(gguf, context_length=context, threads=threads)
+        llama = open_gguf(gguf, context_length=context, threads=threads, sequences=2)
     except LlamaCppUnavailable as error:
         return RuntimeChoice(None, str(error))
     step, read = llama_costs(llama)
