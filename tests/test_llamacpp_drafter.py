@@ -381,6 +381,22 @@ def test_a_damaged_trials_file_is_tried_again_and_rewritten(
     assert [entry["ok"] for entry in json.loads(trials.read_text()).values()] == [True]
 
 
+def test_the_trial_imports_this_specrepl_from_any_folder(
+    trials: Path, tmp_path: Path, monkeypatch
+) -> None:
+    root = Path(llamacpp.__file__).resolve().parents[2]
+    folder = tmp_path / "elsewhere"
+    folder.mkdir()
+    monkeypatch.chdir(folder)
+    monkeypatch.setattr(
+        llamacpp,
+        "_TRIAL",
+        "import pathlib, specrepl.engine.llamacpp as here\n"
+        f"assert pathlib.Path(here.__file__).resolve().parents[2] == pathlib.Path({str(root)!r})",
+    )
+    assert llamacpp.trial_problem(some_file(tmp_path)) is None
+
+
 def test_the_real_trial_passes_here(trials: Path) -> None:
     if not HAS_LLAMA_CPP:
         if REQUIRED:

@@ -214,6 +214,7 @@ def _run_trial(path: Path, threads: int) -> tuple[str | None, bool]:
             capture_output=True,
             text=True,
             timeout=TRIAL_SECONDS,
+            env=_trial_environment(),
         )
     except subprocess.TimeoutExpired:
         return (
@@ -235,6 +236,15 @@ def _run_trial(path: Path, threads: int) -> tuple[str | None, bool]:
     lines = [line for line in done.stderr.strip().splitlines() if line.strip()]
     last = lines[-1][:200] if lines else f"exit status {done.returncode}"
     return f"llama.cpp failed running {path.name} in a trial: {last} ({forget})", True
+
+
+def _trial_environment() -> dict[str, str]:
+    """This process's environment with the folder holding this specrepl first
+    on the path: the trial imports the code that runs it (`with_sequences`),
+    wherever the session was started and whether or not it is installed."""
+    root = str(Path(__file__).resolve().parents[2])
+    paths = [root, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
 
 
 def _trial_key(path: Path) -> str:
