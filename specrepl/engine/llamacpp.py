@@ -20,8 +20,9 @@ A native library can do what no Python exception reports: a build of
 llama.cpp 0.3.36 crashed with a segmentation fault in `llama_decode` on a
 2-core Intel Xeon with AMX, which would end the whole session. So before a
 file is opened in this process for the first time, `trial_problem` runs it in
-a child process (load, a prompt batch, single steps, a rollback) and only a
-clean run lets it in. The verdict is kept per binding build, CPU and file in
+a child process (load, a prompt batch, single steps, a rollback, a state
+written into a scratch sequence) and only a clean run lets it in. The verdict
+is kept per binding build, CPU, file and trial in
 `<cache>/llamacpp-trials.json` (`python infer.py cache clear llamacpp` forgets
 it), so the ~1 s trial runs once per machine, not at every start.
 """
@@ -249,7 +250,7 @@ def _trial_environment() -> dict[str, str]:
 
 def _trial_key(path: Path) -> str:
     """What a verdict holds for: the binding's version and library files, the
-    CPU (model name and feature flags) and the file's content."""
+    CPU (model name and feature flags), the file's content and the trial's code."""
     try:
         version = importlib.metadata.version("llama_cpp_python")
     except importlib.metadata.PackageNotFoundError:
