@@ -54,7 +54,7 @@ def test_default_config_is_the_embedded_pair() -> None:
     assert config.device == "auto"
     assert config.trust_remote_code is False
     assert config.settings == Settings().updated(
-        gamma=8,
+        gamma=16,
         drafter_kind="hybrid",
         drafter_head="auto",
         processor="greedy",
