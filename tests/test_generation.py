@@ -45,7 +45,7 @@ def references(target: torch.nn.Module) -> dict[tuple[int, ...], list[int]]:
 
 
 @pytest.mark.parametrize("use_cache", [True, False])
-@pytest.mark.parametrize("gamma", range(1, 9))
+@pytest.mark.parametrize("gamma", [*range(1, 9), 12, 16])
 @pytest.mark.parametrize("drafter_name", ["close", "unrelated", "same", "padded"])
 def test_greedy_speculative_equals_greedy_target(
     target, drafters, references, drafter_name, gamma, use_cache
@@ -134,7 +134,7 @@ def test_stops_at_the_end_of_the_context() -> None:
     prompt = [1, 5, 9, 12, 4, 6, 7, 8, 9, 10]
     plain = autoregressive_generate(prompt, short, max_gen_len=100)
     assert plain.new_tokens == 6 and plain.stop_reason == "context"
-    for gamma in (1, 3, 8):
+    for gamma in (1, 3, 8, 16):
         result = speculative_generate(prompt, drafter, short, gamma=gamma, max_gen_len=100)
         assert result.token_ids == plain.token_ids and result.stop_reason == "context"
 

@@ -53,7 +53,7 @@ def ids_of(pair: ModelPair, text: str) -> list[int]:
     return prompt_ids(pair.tokenizer, text, chat=True, system_prompt=None)
 
 
-@pytest.mark.parametrize("gamma", [1, 3, 8, "auto"])
+@pytest.mark.parametrize("gamma", [1, 3, 8, 16, "auto:8", "auto:16"])
 @pytest.mark.parametrize("use_cache", [True, False])
 def test_greedy_output_is_the_targets(embedded_pair: ModelPair, llama, gamma, use_cache) -> None:
     target = embedded_pair.target.model
@@ -61,7 +61,8 @@ def test_greedy_output_is_the_targets(embedded_pair: ModelPair, llama, gamma, us
     for text in PROMPTS:
         ids = ids_of(embedded_pair, text)
         reference = autoregressive_generate(ids, target, max_gen_len=24, **options)
-        policy = make_policy("auto", 8) if gamma == "auto" else gamma
+        auto = isinstance(gamma, str)
+        policy = make_policy("auto", int(gamma.split(":")[1])) if auto else gamma
         drafter = LlamaCppDrafter(llama)
         result = speculative_generate(ids, drafter, target, gamma=policy, max_gen_len=24, **options)
         assert result.token_ids == reference.token_ids
@@ -71,7 +72,10 @@ def test_greedy_output_is_the_targets(embedded_pair: ModelPair, llama, gamma, us
         assert held == (ids + result.token_ids)[: len(held)]
 
 
-def test_hybrid_with_llamacpp_keeps_the_target_output(embedded_pair: ModelPair, llama) -> None:
+@pytest.mark.parametrize("most", [8, 16])
+def test_hybrid_with_llamacpp_keeps_the_target_output(
+    embedded_pair: ModelPair, llama, most: int
+) -> None:
     target = embedded_pair.target.model
     options = embedded_pair.generation_options(use_cache=True)
     drafter = build_drafter(
@@ -83,7 +87,7 @@ def test_hybrid_with_llamacpp_keeps_the_target_output(embedded_pair: ModelPair, 
     ids = ids_of(embedded_pair, "Repeat after me: the quick brown fox jumps over the lazy dog.")
     reference = autoregressive_generate(ids, target, max_gen_len=32, **options)
     result = speculative_generate(
-        ids, drafter, target, gamma=make_policy("auto", 8), max_gen_len=32, **options
+        ids, drafter, target, gamma=make_policy("auto", most), max_gen_len=32, **options
     )
     assert result.token_ids == reference.token_ids
 
