@@ -21,6 +21,7 @@ from specrepl.chat.session import ChatSession
 from specrepl.chat.settings import SettingError, Settings
 from specrepl.engine.drafters.model import ModelDrafter
 from specrepl.engine.drafters.runtime import RuntimeChoice
+from specrepl.models.loaded import LoadedModel
 from specrepl.models.loading import load_pair
 from specrepl.models.pair import ModelPair
 from specrepl.testing import interrupt_on_call, perturbed_copy, tiny_llama, tiny_tokenizer
@@ -644,19 +645,42 @@ def test_settings_that_run_the_torch_drafter_load_it_again(
     assert drafter.resident and drafter.reloads == 3
 
 
-def test_the_warm_up_releases_the_drafter_and_keeps_its_width_plan(
+def test_the_warm_up_releases_the_drafter_untimed_and_a_setting_that_runs_it_times_it(
     saved_pair: ModelPair, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    drafter = saved_pair.drafter
-    assert drafter is not None
-    llamacpp_played_by(reloaded(saved_pair).drafter.model, monkeypatch)
-    session = new_session(saved_pair)
-    session.warm_up()
-    assert not drafter.resident
+    session, drafter = warmed_up(saved_pair, monkeypatch)
+    assert not drafter.resident and drafter.reloads == 0  # not loaded again to be timed
+    assert session.width_plans()["target"] is not None
+    assert session.width_plans()["drafter"] is None  # llama.cpp drafts: nothing to pad
+    session.update(gamma=3)  # nothing runs the torch model yet
+    assert not drafter.resident and drafter.tuning.plan is None
+    session.update(drafter_gen=True)  # the drafter alone runs it: timed now
     plan = session.width_plans()["drafter"]
-    assert plan is not None  # timed before the release, kept with the released model
-    session.update(drafter_gen=True)
-    assert drafter.resident and drafter.tuning.plan == plan
+    assert drafter.resident and plan is not None
+    session.update(drafter_gen=False)
+    assert not drafter.resident and drafter.tuning.plan == plan  # kept with the released model
+    session.update(drafter_runtime="torch")
+    assert drafter.resident and drafter.tuning.plan == plan  # not timed again
+    assert session.answer(PROMPT).refusal is None
+
+
+def test_the_warm_up_times_a_drafter_that_drafts_in_torch(
+    saved_pair: ModelPair, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    session, drafter = warmed_up(saved_pair, monkeypatch, drafter_runtime="torch")
+    assert drafter.resident and session.width_plans()["drafter"] is not None
+
+
+def warmed_up(
+    pair: ModelPair, monkeypatch: pytest.MonkeyPatch, **settings: Any
+) -> tuple[ChatSession, LoadedModel]:
+    """A session on `pair` with llama.cpp played by a torch copy, warmed up."""
+    drafter = pair.drafter
+    assert drafter is not None
+    llamacpp_played_by(reloaded(pair).drafter.model, monkeypatch)
+    session = new_session(pair, **settings)
+    session.warm_up()
+    return session, drafter
 
 
 def test_a_drafter_that_cannot_be_loaded_again_is_refused_and_llamacpp_still_drafts(

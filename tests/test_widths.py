@@ -252,6 +252,20 @@ def test_one_model_in_both_roles_is_timed_once(monkeypatch) -> None:
     assert pair.drafter.tuning.plan is not None
 
 
+def test_only_the_roles_asked_for_are_timed(monkeypatch) -> None:
+    model = tiny_llama(32, seed=0)
+    pair = ModelPair.from_models(model, perturbed_copy(model, 0.1, seed=1), tiny_tokenizer(32))
+    monkeypatch.setattr(widths, "measure_width_samples", _steady)
+    assert list(width_plans.tune_pair_widths(pair, 3, roles=("target",))) == ["target"]
+    assert pair.target.tuning.plan is not None
+    assert pair.drafter is not None and pair.drafter.tuning.plan is None
+    assert list(width_plans.tune_pair_widths(pair, 3, roles=("drafter",))) == ["drafter"]
+    assert pair.drafter.tuning.plan is not None
+    assert width_plans.tune_pair_widths(pair, 3, roles=()) == {}
+    with pytest.raises(ValueError, match="roles are target and drafter"):
+        width_plans.tune_pair_widths(pair, 3, roles=("draft",))
+
+
 def _steady(model, max_width, **kwargs):
     return {
         w: [0.01 * w, 0.0101 * w, 0.0099 * w, 0.01 * w, 0.0102 * w] for w in range(1, max_width + 1)

@@ -280,6 +280,14 @@ class ChatDrafters:
         runtime = self.runtime(settings)
         return runtime is None or runtime.llama is None
 
+    def runs_torch_model(self, settings: Settings) -> bool:
+        """Whether anything `settings` enable runs the drafter's torch model, the
+        drafter's runtime chosen first where that decides it (`runtime`; raises
+        SettingError when llama.cpp is asked for and cannot run)."""
+        if self.pair.drafter is None:
+            return False
+        return settings.drafter_gen or (settings.speculative and self.drafts_in_torch(settings))
+
     def needs_torch_model(self, settings: Settings) -> bool:
         """Whether anything `settings` enable runs the drafter's torch model: the
         drafter-alone run, or a speculative drafter that needs the model and

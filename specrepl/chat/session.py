@@ -25,7 +25,7 @@ prompt_toolkit. Settings are only changed through `Settings.updated`.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -75,7 +75,7 @@ from specrepl.models.prompting import (
     has_chat_template,
     prompt_ids,
 )
-from specrepl.models.width_plans import tune_pair_widths
+from specrepl.models.width_plans import ROLES, tune_pair_widths
 from specrepl.store.paths import width_plans_file
 
 if TYPE_CHECKING:
@@ -129,13 +129,16 @@ class ChatSession:
         try:
             self.drafters.ready(updated)
         except SettingError:
-            self._release_unneeded_drafter()  # loaded again for settings that are refused
+            # loaded again for settings that are refused
+            self.drafters.release_unneeded(self.settings)
             raise
         old = self.settings
         self.settings = updated
         if any(getattr(old, name) != getattr(updated, name) for name in CACHE_SETTINGS):
             self.drop_caches()
-        self._release_unneeded_drafter()
+        self.drafters.release_unneeded(self.settings)
+        if self.pair.drafter is not None and self.pair.drafter.tuning.plan is None:
+            self.tune_widths(roles=("drafter",))  # left untimed at start-up
         return [Change(name, getattr(old, name), getattr(updated, name)) for name in changes]
 
     def reset(self) -> int:
@@ -195,7 +198,7 @@ class ChatSession:
         selection, allocator growth) do not land in the first answer's timings.
         Changes neither the settings nor the history.
 
-        On a CPU it also times each model's forward widths (`widths.py`) once
+        On a CPU it also times the models' forward widths (`tune_widths`) once
         per model and machine, kept under the cache directory, so that steps
         are padded to cheaper widths (`retime_widths`: measured again now).
         A hybrid with head "auto" has its draft source chosen here, after the
@@ -228,7 +231,7 @@ class ChatSession:
                 **common,
             )
         self.drop_caches()  # the warm-up's prompt is no turn of the chat
-        self._release_unneeded_drafter()  # the speculative warm-up chose the runtime
+        self.drafters.release_unneeded(self.settings)  # the warm-up chose the runtime
 
     def answer(self, prompt: str, on_event: EventCallback | None = None) -> Answer:
         """Run every enabled generator on `prompt`; never raises for a bad prompt.
@@ -347,7 +350,7 @@ class ChatSession:
                 return
             answer.runs[generator] = run
             if generator == "speculative":  # its first run chooses the drafter's runtime
-                self._release_unneeded_drafter()
+                self.drafters.release_unneeded(self.settings)
             if run.interrupted:
                 break
 
@@ -459,7 +462,7 @@ class ChatSession:
         """A hybrid with head "auto": choose (`retime`: time again now) whether the
         head or the model drafts (`ChatDrafters.choice`); returns which and why."""
         choice = self.drafters.choice(self.settings, retime=retime)
-        self._release_unneeded_drafter()
+        self.drafters.release_unneeded(self.settings)
         name = "the draft head" if choice.head else "the drafter model"
         return f"{name}: {choice.note}" if choice.note else f"{name}, {choice.describe()}"
 
@@ -467,14 +470,21 @@ class ChatSession:
         """The settings' draft head and its description, loaded once per directory."""
         return self.drafters.head(settings or self.settings)
 
-    def tune_widths(self, *, retime: bool = False) -> dict[str, WidthPlan]:
+    def tune_widths(
+        self, *, retime: bool = False, roles: Sequence[str] = ROLES
+    ) -> dict[str, WidthPlan]:
         """Time the models' forward widths (CPU only; stored plans are reused unless
-        `retime`) into the models' tunings; returns them by role ({} off a CPU)."""
+        `retime`) into the models' tunings; returns them by role ({} off a CPU).
+        The drafter is timed only while the settings run its torch model
+        (`ChatDrafters.runs_torch_model`, its runtime chosen first), not where
+        llama.cpp drafts; `update` times it when a later setting runs it."""
         if self.pair.device.type != "cpu":
             return {}
-        store = width_plans_file()
-        plans = tune_pair_widths(self.pair, max(self.settings.gamma, 8), store=store, retime=retime)
-        self._release_unneeded_drafter()  # a released drafter was loaded again to be timed
+        if not self.drafters.runs_torch_model(self.settings):
+            roles = [role for role in roles if role != "drafter"]
+        gamma, store = max(self.settings.gamma, 8), width_plans_file()
+        plans = tune_pair_widths(self.pair, gamma, store=store, retime=retime, roles=roles)
+        self.drafters.release_unneeded(self.settings)  # loaded again to be timed
         return plans
 
     def width_plans(self) -> dict[str, WidthPlan | None]:
@@ -488,8 +498,3 @@ class ChatSession:
     def head_summary(self) -> dict[str, Any] | None:
         """The draft head the settings name (its description and "path"), if one is loaded."""
         return self.drafters.head_summary(self.settings)
-
-    def _release_unneeded_drafter(self) -> None:
-        """Drop the drafter's torch model while nothing the settings enable needs
-        it (`ChatDrafters.release_unneeded`)."""
-        self.drafters.release_unneeded(self.settings)

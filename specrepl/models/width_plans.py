@@ -22,6 +22,7 @@ about decoding, settings or the terminal.
 from __future__ import annotations
 
 import time
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -37,23 +38,35 @@ from specrepl.models.tuning import (
 )
 from specrepl.store.json_file import read_json_object, write_json_object
 
-__all__ = ["MAX_PLAN_AGE_DAYS", "NOISY_SPREAD", "tune_pair_widths"]
+__all__ = ["MAX_PLAN_AGE_DAYS", "NOISY_SPREAD", "ROLES", "tune_pair_widths"]
 
 MAX_PLAN_AGE_DAYS = 30
 NOISY_SPREAD = 0.25  # (second largest - second smallest) / median of one width's repeats
+ROLES = ("target", "drafter")
 
 
 def tune_pair_widths(
-    pair: ModelPair, max_gamma: int, *, store: Path | None = None, retime: bool = False
+    pair: ModelPair,
+    max_gamma: int,
+    *,
+    store: Path | None = None,
+    retime: bool = False,
+    roles: Collection[str] = ROLES,
 ) -> dict[str, WidthPlan]:
     """Give the target and, when it is a different model, the drafter of `pair`
     a width plan for widths up to max_gamma + 1, in their `tuning`; returns the
     plans by role. With `store` (a JSON file), timings measured before for the
     same model, machine and torch, less than `MAX_PLAN_AGE_DAYS` ago, are reused
-    unless `retime`; new ones are added to it unless their repeats were noisy."""
-    loaded = {"target": pair.target}
+    unless `retime`; new ones are added to it unless their repeats were noisy.
+    `roles` names the models to time (a session leaves out a drafter whose
+    torch model does not run, as when llama.cpp drafts: it is not loaded again
+    for it)."""
+    unknown = set(roles) - set(ROLES)
+    if unknown:
+        raise ValueError(f"roles are {' and '.join(ROLES)}, got {sorted(unknown)}")
+    loaded = {"target": pair.target} if "target" in roles else {}
     drafter = pair.drafter
-    if drafter is not None and drafter.model is not pair.target.model:
+    if "drafter" in roles and drafter is not None and drafter.model is not pair.target.model:
         loaded["drafter"] = drafter
     max_width = max_gamma + 1
     saved = read_json_object(store) if store is not None else {}
@@ -68,7 +81,7 @@ def tune_pair_widths(
             plan = _measure(model, max_width, saved, key, now)
         model.tuning.plan = plan
         plans[role] = plan
-    if store is not None:
+    if store is not None and loaded:
         write_json_object(store, saved)  # a read-only cache only costs measuring again
     return plans
 

@@ -268,7 +268,7 @@ class Renderer:
         table.add_column("packed products at widths")
         for role, plan in result.plans.items():
             if plan is None:
-                table.add_row(role, "not timed", "none", "none", "none")
+                table.add_row(role, "not timed (its torch model does not run)", "—", "—", "—")
                 continue
             times = ", ".join(f"{seconds * 1e3:.1f}" for _, seconds in sorted(plan.seconds.items()))
             padded = [f"{w}→{p}" for w, p in sorted(plan.padded.items()) if p != w]
