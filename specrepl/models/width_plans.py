@@ -68,6 +68,8 @@ def tune_pair_widths(
     drafter = pair.drafter
     if "drafter" in roles and drafter is not None and drafter.model is not pair.target.model:
         loaded["drafter"] = drafter
+    if not loaded:
+        return {}
     max_width = max_gamma + 1
     saved = read_json_object(store) if store is not None else {}
     now = time.time()
@@ -81,7 +83,7 @@ def tune_pair_widths(
             plan = _measure(model, max_width, saved, key, now)
         model.tuning.plan = plan
         plans[role] = plan
-    if store is not None and loaded:
+    if store is not None:
         write_json_object(store, saved)  # a read-only cache only costs measuring again
     return plans
 
