@@ -9,6 +9,7 @@ intact; those tests run `python infer.py` on tiny models saved to disk.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import io
 import os
@@ -22,6 +23,7 @@ import termios
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +43,13 @@ from specrepl.chat.session import ChatSession
 from specrepl.chat.settings import Settings
 from specrepl.engine.drafters.head_store import target_fingerprint
 from specrepl.engine.drafters.ngram import NgramDrafter
-from specrepl.engine.signals import EXIT_TERMINATED
+from specrepl.engine.generation import (
+    GenerationInterrupted,
+    autoregressive_generate,
+    speculative_generate,
+)
+from specrepl.engine.results import StepEvent
+from specrepl.engine.signals import EXIT_TERMINATED, Terminated, signals_unwind
 from specrepl.models import loading as models
 from specrepl.models.pair import ModelPair
 from specrepl.testing import interrupt_on_call, perturbed_copy, tiny_llama, tiny_tokenizer
@@ -490,6 +498,66 @@ def test_sigterm_while_generating(pair: ModelPair) -> None:
     assert "Terminated." in console.export_text()
 
 
+class SignalledInFinalizer:
+    """Sends this process `sig` from its finalizer, where Python cannot raise: it
+    prints the exception as "Exception ignored in" and goes on."""
+
+    def __init__(self, sig: signal.Signals) -> None:
+        self.sig = sig
+
+    def __del__(self) -> None:
+        signal.raise_signal(self.sig)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_that_lands_in_a_finalizer_is_raised_again(
+    sig: signal.Signals, capfd: pytest.CaptureFixture[str]
+) -> None:
+    expected = Terminated if sig == signal.SIGTERM else KeyboardInterrupt
+    started = time.monotonic()
+    with pytest.raises(expected), signals_unwind():
+        SignalledInFinalizer(sig)  # dropped at once: the signal comes inside its __del__
+        while time.monotonic() < started + 10:
+            time.sleep(0.001)
+    assert time.monotonic() - started < 5  # raised again, not lost
+    assert "Exception ignored" not in capfd.readouterr().err
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert sys.unraisablehook is not None
+
+
+@pytest.mark.parametrize("speculative", [False, True], ids=["target", "speculative"])
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_whose_exception_library_code_swallowed_still_stops_the_generation(
+    pair: ModelPair, sig: signal.Signals, speculative: bool
+) -> None:
+    steps = 0
+
+    def on_step(event: StepEvent) -> None:
+        nonlocal steps
+        steps += 1
+        if steps == 3:
+            # lost, as in C code that clears the errors of the Python it calls
+            with contextlib.suppress(KeyboardInterrupt, Terminated):
+                signal.raise_signal(sig)
+
+    target = pair.target.model
+    generate = (
+        partial(speculative_generate, drafter=NgramDrafter(), target=target, gamma=3)
+        if speculative
+        else partial(autoregressive_generate, model=target)
+    )
+    expected = Terminated if sig == signal.SIGTERM else GenerationInterrupted
+    with signals_unwind(), pytest.raises(expected) as raised:
+        generate([2, 5, 7, 8], max_gen_len=400, on_step=on_step)
+    assert steps == 3  # stopped at the step after the one that swallowed it
+    if isinstance(raised.value, GenerationInterrupted):
+        assert raised.value.result.stop_reason == "interrupted"
+        assert raised.value.result.steps == 3
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    with signals_unwind():  # a new generation does not see the signal of the last one
+        assert len(generate([2, 5, 7, 8], max_gen_len=6).token_ids) == 6
+
+
 # -- SIGINT and SIGTERM to `python infer.py` -----------------------------------------------------
 
 
@@ -756,7 +824,10 @@ def signalled(
             time.sleep(settle)
         assert child.poll() is None, out.drain()  # still running when the signal comes
         child.send_signal(sig)
-        status = out.until_exit(child, timeout=120)
+        try:
+            status = out.until_exit(child, timeout=120)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"still running 120 s after {sig.name}:\n{out.drain()[-4000:]}")
         return status, out.drain()
     finally:
         child.kill()

@@ -53,7 +53,7 @@ from specrepl.engine.signals import (
     EXIT_TERMINATED,
     Terminated,
     signals_held,
-    sigterm_unwinds,
+    signals_unwind,
 )
 from specrepl.measure.bench import markdown as bench_markdown
 from specrepl.measure.front import config_block
@@ -254,7 +254,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     SIGTERM, at any stage and in every subcommand, unwinds to here: one line,
     status 143 (the REPL says it itself)."""
-    with sigterm_unwinds():
+    with signals_unwind():
         try:
             return _main(argv)
         except Terminated:

@@ -11,14 +11,14 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-from specrepl.engine.signals import EXIT_INTERRUPTED, EXIT_TERMINATED, Terminated, sigterm_unwinds
+from specrepl.engine.signals import EXIT_INTERRUPTED, EXIT_TERMINATED, Terminated, signals_unwind
 
 __all__ = ["main"]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Import the command line and run it; returns the exit status."""
-    with sigterm_unwinds():
+    with signals_unwind():
         try:
             from specrepl.app.cli import main as cli_main
         except KeyboardInterrupt:

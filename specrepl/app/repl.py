@@ -41,7 +41,7 @@ from specrepl.engine.signals import (
     EXIT_OK,
     EXIT_TERMINATED,
     Terminated,
-    sigterm_unwinds,
+    signals_unwind,
 )
 from specrepl.store.paths import history_file
 
@@ -309,7 +309,7 @@ def run(
 
     Ctrl-C during the welcome or the goodbye is left to the caller.
     """
-    with sigterm_unwinds():
+    with signals_unwind():
         try:
             renderer.welcome(reader.interactive)
             if isinstance(session, LoadingSession):

@@ -37,6 +37,7 @@ from specrepl.engine.results import (
     StepEvent,
     StopReason,
 )
+from specrepl.engine.signals import raise_lost_signal, signals_received
 from specrepl.engine.steps import Clock, TargetRun, decode_steps
 from specrepl.engine.tuning import Tuning
 
@@ -166,6 +167,7 @@ def _collect(
 ) -> GenerationResult:
     result = GenerationResult(kind=kind, prompt_tokens=len(inputs))
     last_seen = 0.0
+    signals = signals_received()
     try:
         while True:
             try:
@@ -177,6 +179,7 @@ def _collect(
             last_seen = event.seconds_since_start
             if on_step is not None:
                 on_step(event)
+            raise_lost_signal(signals)
     except KeyboardInterrupt:
         steps.close()
         result.stop_reason = "interrupted"

@@ -1,12 +1,15 @@
 """How the process ends on Ctrl-C and SIGTERM, the same in every entry point.
 
 Ctrl-C raises `KeyboardInterrupt` (Python's default) and SIGTERM, inside
-`sigterm_unwinds`, raises `Terminated`. Both unwind the stack like an
+`signals_unwind`, raises `Terminated`. Both unwind the stack like an
 exception, so every `with` block on the way restores what it changed (the
 terminal's echo and raw mode, rich's live panels, temporary files) before the
 entry point prints one line and exits with the status a shell reports for the
-signal: 130 and 143. The other exit statuses every entry point shares are
-named here too (0, 1, 2).
+signal: 130 and 143. An exception lost on the way is raised again: one that
+lands in a finalizer at once (`signals_unwind`), one that C code clears at
+the next step of a generation (`raise_lost_signal`) or, for Ctrl-C, within
+half a second while the models load (`ctrl_c_insists`). The other exit
+statuses every entry point shares are named here too (0, 1, 2).
 
 Only the standard library is imported here: the launcher uses this module
 before torch and transformers are imported.
@@ -17,6 +20,7 @@ from __future__ import annotations
 import _thread
 import contextlib
 import signal
+import sys
 import threading
 from collections.abc import Iterator
 from types import FrameType
@@ -27,10 +31,13 @@ __all__ = [
     "EXIT_OK",
     "EXIT_TERMINATED",
     "EXIT_USAGE",
+    "SignalMark",
     "Terminated",
     "ctrl_c_insists",
+    "raise_lost_signal",
     "signals_held",
-    "sigterm_unwinds",
+    "signals_received",
+    "signals_unwind",
 ]
 
 EXIT_OK = 0
@@ -60,30 +67,112 @@ class Terminated(SystemExit):
         super().__init__(EXIT_TERMINATED)
 
 
+_interrupts = 0
+"""How many Ctrl-Cs the handler of `signals_unwind` has received."""
+_terminating = False
+"""Whether SIGTERM came within the innermost `signals_unwind` block."""
+
+
 @contextlib.contextmanager
-def sigterm_unwinds() -> Iterator[None]:
-    """Within the block, the first SIGTERM raises `Terminated` in the main thread
-    (later ones are ignored while it unwinds); the previous handler is put back
-    afterwards. Does nothing outside the main thread, where Python cannot set
-    signal handlers.
+def signals_unwind() -> Iterator[None]:
+    """Within the block, Ctrl-C raises `KeyboardInterrupt` (as Python's default
+    handler does, where that is the one in force) and the first SIGTERM raises
+    `Terminated` in the main thread (later ones are ignored while it unwinds).
+    The previous handlers are put back afterwards. Does nothing outside the
+    main thread, where Python cannot set signal handlers; a Ctrl-C ignored (a
+    background job) stays ignored.
+
+    An exception that Python cannot raise is not lost either. A signal's
+    handler runs between two bytecodes of whatever Python code runs at that
+    moment, and where that is a finalizer (`__del__`, a weakref callback: the
+    `regex` package's compiled groups have one, run during the warm-up),
+    Python prints the exception as "Exception ignored in" and goes on. Here
+    such an exception is not printed but delivered again to the main thread,
+    SIGTERM as if it were the first. Where C code clears it without a word,
+    `raise_lost_signal` raises it at the next step of a generation.
     """
     if threading.current_thread() is not threading.main_thread():
         yield
         return
+    global _terminating
     fired = False
+    outer_terminating = _terminating
 
-    def handler(signum: int, frame: FrameType | None) -> None:
+    def on_sigterm(signum: int, frame: FrameType | None) -> None:
+        global _terminating
         nonlocal fired
+        _terminating = True
         if not fired:
             fired = True
             raise Terminated
 
-    previous = signal.signal(signal.SIGTERM, handler)
+    def on_sigint(signum: int, frame: FrameType | None) -> None:
+        global _interrupts
+        _interrupts += 1
+        raise KeyboardInterrupt
+
+    def on_unraisable(unraisable: sys.UnraisableHookArgs) -> None:
+        nonlocal fired
+        lost = unraisable.exc_type
+        if lost is not None and issubclass(lost, Terminated):
+            fired = False
+            _deliver_again(signal.SIGTERM)
+        elif lost is not None and issubclass(lost, KeyboardInterrupt):
+            _deliver_again(signal.SIGINT)
+        else:
+            previous_hook(unraisable)
+
+    previous_sigterm = signal.signal(signal.SIGTERM, on_sigterm)
+    previous_sigint = signal.getsignal(signal.SIGINT)
+    if previous_sigint is signal.default_int_handler:
+        signal.signal(signal.SIGINT, on_sigint)
+    previous_hook = sys.unraisablehook
+    sys.unraisablehook = on_unraisable
     try:
         yield
     finally:
+        sys.unraisablehook = previous_hook
         # None: the previous handler was not set from Python; the default is the best guess
-        signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
+        restored = signal.SIG_DFL if previous_sigterm is None else previous_sigterm
+        signal.signal(signal.SIGTERM, restored)
+        if previous_sigint is signal.default_int_handler:
+            signal.signal(signal.SIGINT, previous_sigint)
+        _terminating = outer_terminating
+
+
+def _deliver_again(signum: int) -> None:
+    """Run `signum`'s handler in the main thread again, from another thread a moment
+    later: from this one it would run at once, in the same finalizer or hook."""
+    again = threading.Timer(0.01, _thread.interrupt_main, args=(signum,))
+    again.daemon = True
+    with contextlib.suppress(RuntimeError):  # no new thread while the interpreter ends
+        again.start()
+
+
+SignalMark = int
+"""The Ctrl-Cs received so far (`signals_received`)."""
+
+
+def signals_received() -> SignalMark:
+    """A mark to pass to `raise_lost_signal` before a long loop."""
+    return _interrupts
+
+
+def raise_lost_signal(mark: SignalMark) -> None:
+    """Raise `Terminated` if SIGTERM came within the `signals_unwind` block, or
+    `KeyboardInterrupt` if Ctrl-C came since `mark`, for the loop that calls
+    this is still running.
+
+    For the safe points of long loops (a generation's steps), should C code
+    that clears the errors of the Python it calls have lost the exception (see
+    `ctrl_c_insists`). A signal whose exception was not lost has ended the
+    loop before it reaches its next safe point, so this raises nothing twice.
+    Knows only of the signals that `signals_unwind`'s handlers received.
+    """
+    if _terminating:
+        raise Terminated
+    if _interrupts > mark:
+        raise KeyboardInterrupt
 
 
 @contextlib.contextmanager
