@@ -22,7 +22,7 @@ import contextlib
 import signal
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from types import FrameType
 
 __all__ = [
@@ -73,6 +73,36 @@ _terminating = False
 """Whether SIGTERM came within the innermost `signals_unwind` block."""
 
 
+class _Unwinding:
+    """The handlers `signals_unwind` puts in force for one block."""
+
+    def __init__(self, previous_hook: Callable[[sys.UnraisableHookArgs], object]) -> None:
+        self.fired = False  # Terminated raised: later SIGTERMs are ignored while it unwinds
+        self.previous_hook = previous_hook
+
+    def on_sigterm(self, signum: int, frame: FrameType | None) -> None:
+        global _terminating
+        _terminating = True
+        if not self.fired:
+            self.fired = True
+            raise Terminated
+
+    def on_sigint(self, signum: int, frame: FrameType | None) -> None:
+        global _interrupts
+        _interrupts += 1
+        raise KeyboardInterrupt
+
+    def on_unraisable(self, unraisable: sys.UnraisableHookArgs) -> None:
+        lost = unraisable.exc_type
+        if lost is not None and issubclass(lost, Terminated):
+            self.fired = False
+            _deliver_again(signal.SIGTERM)
+        elif lost is not None and issubclass(lost, KeyboardInterrupt):
+            _deliver_again(signal.SIGINT)
+        else:
+            self.previous_hook(unraisable)
+
+
 @contextlib.contextmanager
 def signals_unwind() -> Iterator[None]:
     """Within the block, Ctrl-C raises `KeyboardInterrupt` (as Python's default
@@ -95,43 +125,17 @@ def signals_unwind() -> Iterator[None]:
         yield
         return
     global _terminating
-    fired = False
     outer_terminating = _terminating
-
-    def on_sigterm(signum: int, frame: FrameType | None) -> None:
-        global _terminating
-        nonlocal fired
-        _terminating = True
-        if not fired:
-            fired = True
-            raise Terminated
-
-    def on_sigint(signum: int, frame: FrameType | None) -> None:
-        global _interrupts
-        _interrupts += 1
-        raise KeyboardInterrupt
-
-    def on_unraisable(unraisable: sys.UnraisableHookArgs) -> None:
-        nonlocal fired
-        lost = unraisable.exc_type
-        if lost is not None and issubclass(lost, Terminated):
-            fired = False
-            _deliver_again(signal.SIGTERM)
-        elif lost is not None and issubclass(lost, KeyboardInterrupt):
-            _deliver_again(signal.SIGINT)
-        else:
-            previous_hook(unraisable)
-
-    previous_sigterm = signal.signal(signal.SIGTERM, on_sigterm)
+    handlers = _Unwinding(sys.unraisablehook)
+    previous_sigterm = signal.signal(signal.SIGTERM, handlers.on_sigterm)
     previous_sigint = signal.getsignal(signal.SIGINT)
     if previous_sigint is signal.default_int_handler:
-        signal.signal(signal.SIGINT, on_sigint)
-    previous_hook = sys.unraisablehook
-    sys.unraisablehook = on_unraisable
+        signal.signal(signal.SIGINT, handlers.on_sigint)
+    sys.unraisablehook = handlers.on_unraisable
     try:
         yield
     finally:
-        sys.unraisablehook = previous_hook
+        sys.unraisablehook = handlers.previous_hook
         # None: the previous handler was not set from Python; the default is the best guess
         restored = signal.SIG_DFL if previous_sigterm is None else previous_sigterm
         signal.signal(signal.SIGTERM, restored)
