@@ -119,7 +119,13 @@ def test_a_chat_longer_than_the_context_drops_its_oldest_turns(pair: ModelPair) 
             break
     assert dropped_at is not None
     expected: dict[str, Any] = tokens(recomputed(pair, session, "w9 w10"))
-    assert tokens(session.answer("w9 w10")) == expected
+    following = session.answer("w9 w10")
+    assert tokens(following) == expected
+    # the drop freed a quarter of the context: the next turn drops nothing and
+    # extends what the caches hold instead of reading the whole chat again
+    assert following.notices == []
+    for run in following.runs.values():
+        assert run.result.reused_prompt_tokens > following.prompt_tokens // 2
 
 
 def test_config_and_the_summary_show_what_the_caches_kept(pair: ModelPair) -> None:

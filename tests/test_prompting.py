@@ -221,21 +221,24 @@ def test_raw_text_keeps_pasted_control_tokens_as_text_on_the_embedded_tokenizer(
     assert structure(tokenizer, tokenizer.encode(END_OF_TURN)) != []  # what it was before
 
 
-def test_fit_history_drops_the_oldest_turns_until_the_answer_has_room() -> None:
+def test_fit_history_drops_the_oldest_turns_until_a_quarter_is_free_beyond_the_room() -> None:
     """What the REPL and `bench` do when a chat outgrows the context: a turn (a
-    question with its answer) at a time, oldest first."""
+    question with its answer) at a time, oldest first, until the answer has room
+    and a quarter of the context is free for the next turns."""
     history = [
         {"role": role, "content": f"{role} {turn}"}
-        for turn in range(3)
+        for turn in range(5)
         for role in ("user", "assistant")
     ]
 
     def encode(kept: Sequence[Mapping[str, str]]) -> list[int]:
         return [0] * (10 * len(kept) + 5)  # 10 tokens a message, 5 for the new one
 
-    ids, kept, dropped = fit_history(encode(history), history, encode, room=20, context=50)
-    assert (len(ids), dropped, kept) == (25, 2, history[4:])
+    # 105 tokens: 2 turns dropped would leave room (85 <= 100), 3 free a quarter too
+    ids, kept, dropped = fit_history(encode(history), history, encode, room=20, context=100)
+    assert (len(ids), dropped, kept) == (45, 3, history[6:])
     assert fit_history(encode(history), history, encode, room=20, context=None)[2] == 0
-    assert fit_history(encode(history), history, encode, room=10, context=100)[1] == history
-    ids, kept, dropped = fit_history(encode(history), history, encode, room=60, context=50)
-    assert (ids, kept, dropped) == ([0] * 5, [], 3)  # still too long: the caller refuses it
+    # a chat that fits is left whole, however little is free
+    assert fit_history(encode(history), history, encode, room=10, context=115)[2] == 0
+    ids, kept, dropped = fit_history(encode(history), history, encode, room=120, context=100)
+    assert (ids, kept, dropped) == ([0] * 5, [], 5)  # still too long: the caller refuses it

@@ -66,8 +66,8 @@ def history_dropped(room: int, context: int | None, dropped: int, tokens: int) -
     turns = f"turn{'s' if dropped != 1 else ''}"
     return (
         f"the chat no longer leaves room for {room} new tokens in the "
-        f"{context}-token context: its oldest {dropped} {turns} were dropped ({tokens} "
-        "prompt tokens now; /reset clears the rest)"
+        f"{context}-token context: its oldest {dropped} {turns} were dropped to free a "
+        f"quarter of it for the next turns ({tokens} prompt tokens now; /reset clears the rest)"
     )
 
 

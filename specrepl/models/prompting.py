@@ -20,7 +20,9 @@ prompt, earlier user and assistant turns):
   is kept as typed.
 
 `fit_history` drops a chat's oldest turns when its prompt no longer leaves room
-for an answer in the context.
+for an answer in the context, and then enough of them to free a quarter of
+it, so that the next turns extend what the caches hold instead of reading the
+whole chat again.
 
 This module knows nothing about models, generation or the terminal.
 """
@@ -37,6 +39,7 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
 __all__ = [
+    "FREED_WHEN_FULL",
     "CleanedPrompt",
     "PromptEncodingError",
     "chat_prompt_ids",
@@ -195,6 +198,11 @@ def conversation(
     return [*head, *(dict(message) for message in history), {"role": "user", "content": prompt}]
 
 
+FREED_WHEN_FULL = 4
+"""A chat that outgrows the context drops turns until 1/4 of the context is free
+beyond the answer's room (`fit_history`)."""
+
+
 def fit_history(
     ids: list[int],
     history: Sequence[MessageT],
@@ -203,19 +211,29 @@ def fit_history(
     room: int,
     context: int | None,
 ) -> tuple[list[int], list[MessageT], int]:
-    """Drop a chat's oldest turns until its prompt leaves `room` new tokens in `context`.
+    """Drop a chat's oldest turns until its prompt leaves `room` new tokens in `context`,
+    and a quarter of `context` more (`FREED_WHEN_FULL`).
 
     `ids` is the prompt encoded with the whole `history` (user messages and their
     answers, in pairs); `encode` encodes it again with a shorter history. The
     oldest turn (a user message with its answer) goes first, until the prompt
-    plus `room` fits or no history is left (the prompt may then still be too
-    long: the caller refuses it). Returns the prompt ids, the history kept and
-    how many turns were dropped. The REPL and `bench` fit their chats here."""
+    plus `room` fits with that quarter free or no history is left (the prompt
+    may then still be too long: the caller refuses it). A chat that fits is
+    left whole. Returns the prompt ids, the history kept and how many turns
+    were dropped. The REPL and `bench` fit their chats here.
+
+    Why the quarter: each drop changes the start of the prompt, so every cache
+    kept between turns is read again from there (for a full context, tens of
+    seconds on a 2-core CPU, for the speculative run and the target-only run
+    each: docs/chat.md). Dropping only what the next answer needs made every
+    later turn of a full chat such a turn; with a quarter free, the next turns
+    append to the caches until it is used."""
     kept = list(history)
     dropped = 0
-    if context is None:
+    if context is None or len(ids) + room <= context:
         return ids, kept, dropped
-    while kept and len(ids) + room > context:
+    limit = context - context // FREED_WHEN_FULL
+    while kept and len(ids) + room > limit:
         kept = kept[2:]
         dropped += 1
         ids = encode(kept)
