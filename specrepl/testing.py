@@ -229,18 +229,26 @@ def distance_from_law(
 
 
 def assert_speculative_sampling_is_exact(
-    target: Any, drafter: Any, ids: list[int], processor: Any, options: dict[str, Any]
+    target: Any,
+    drafter: Any,
+    ids: list[int],
+    processor: Any,
+    options: dict[str, Any],
+    *,
+    law_model: Any = None,
 ) -> None:
     """Sample the 3 tokens after `ids` 800 times by speculative decoding
     (gamma 2, the target's prompt kept in a prompt cache, a seeded generator)
     and assert that they follow the target's exact law under `processor`
     (chi-square p > 1e-3, total variation < 0.08), having drafted often
     enough to test something (some drafts accepted, some rejected). Keep the
-    processor's support small (top-3: 27 outcomes)."""
+    processor's support small (top-3: 27 outcomes). The law is enumerated
+    with `law_model` (a torch model with the target's weights) where the
+    target is not a torch model itself."""
     from specrepl.engine.generation import speculative_generate
     from specrepl.engine.prompt_cache import PromptCache
 
-    law = law_after(target, processor, ids, 3)
+    law = law_after(target if law_model is None else law_model, processor, ids, 3)
     kept = PromptCache()
     generator = torch.Generator().manual_seed(0)
     counts: dict[tuple[int, ...], int] = {}
@@ -257,3 +265,84 @@ def assert_speculative_sampling_is_exact(
     assert 0.05 < accepted / drafted < 0.98, "drafts must be rejected sometimes to test much"
     p_value, total_variation = distance_from_law(counts, law)
     assert p_value > 1e-3 and total_variation < 0.08, (p_value, total_variation)
+
+
+def _rope_permuted(weight: torch.Tensor, heads: int) -> torch.Tensor:
+    """A query or key projection's rows reordered from transformers' rotary
+    layout (halves) to GGUF's llama layout (interleaved pairs)."""
+    rows = weight.shape[0]
+    return (
+        weight.reshape(heads, 2, rows // heads // 2, *weight.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(weight.shape)
+    )
+
+
+def tiny_gguf(model: LlamaForCausalLM, path: Any) -> Any:
+    """Write `model` (a `tiny_llama`) as a float32 llama GGUF file at `path`, so
+    that llama.cpp runs the same weights as torch; returns the path.
+
+    Its tokenizer is a sentencepiece-style vocabulary: ids 0-3 `tiny_tokenizer`'s
+    special tokens, then the 256 byte tokens (so that llama.cpp can tokenize any
+    text, as its crash trial does), then words: the model's vocabulary must
+    have at least 260 ids. The tests feed it ids."""
+    from gguf import GGUFWriter, TokenType  # a dependency of the models layer
+
+    config = model.config
+    vocab = config.vocab_size
+    heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
+    head_dim = config.hidden_size // heads
+    if vocab < len(SPECIAL_TOKENS) + 256:
+        raise ValueError(f"a tiny GGUF needs a vocabulary of at least 260 ids, not {vocab}")
+    byte_tokens = [f"<0x{byte:02X}>" for byte in range(256)]
+    words = [*SPECIAL_TOKENS, *byte_tokens]
+    words += [f"\u2581w{index}" for index in range(len(words), vocab)]
+    writer = GGUFWriter(str(path), "llama")
+    writer.add_name("specrepl tiny llama")
+    writer.add_context_length(config.max_position_embeddings)
+    writer.add_embedding_length(config.hidden_size)
+    writer.add_block_count(config.num_hidden_layers)
+    writer.add_feed_forward_length(config.intermediate_size)
+    writer.add_head_count(heads)
+    writer.add_head_count_kv(kv_heads)
+    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
+    writer.add_rope_freq_base(float(config.rope_parameters["rope_theta"]))
+    writer.add_rope_dimension_count(head_dim)
+    writer.add_vocab_size(vocab)
+    writer.add_file_type(0)
+    writer.add_tokenizer_model("llama")
+    writer.add_token_list(words)
+    writer.add_token_scores([0.0] * vocab)
+    kinds = [TokenType.UNKNOWN, TokenType.CONTROL, TokenType.CONTROL, TokenType.CONTROL]
+    normal = [TokenType.NORMAL] * (vocab - len(kinds) - 256)
+    writer.add_token_types([*kinds, *[TokenType.BYTE] * 256, *normal])
+    writer.add_bos_token_id(config.bos_token_id)
+    writer.add_eos_token_id(config.eos_token_id)
+    writer.add_unk_token_id(0)
+    writer.add_add_bos_token(False)
+    state = {name: tensor.detach().float().numpy() for name, tensor in model.state_dict().items()}
+    writer.add_tensor("token_embd.weight", state["model.embed_tokens.weight"])
+    writer.add_tensor("output_norm.weight", state["model.norm.weight"])
+    writer.add_tensor("output.weight", state["lm_head.weight"])
+    parts = {
+        "attn_norm": "input_layernorm",
+        "attn_v": "self_attn.v_proj",
+        "attn_output": "self_attn.o_proj",
+        "ffn_norm": "post_attention_layernorm",
+        "ffn_gate": "mlp.gate_proj",
+        "ffn_up": "mlp.up_proj",
+        "ffn_down": "mlp.down_proj",
+    }
+    for layer in range(config.num_hidden_layers):
+        prefix = f"model.layers.{layer}."
+        for ours, theirs in parts.items():
+            writer.add_tensor(f"blk.{layer}.{ours}.weight", state[f"{prefix}{theirs}.weight"])
+        query = torch.from_numpy(state[f"{prefix}self_attn.q_proj.weight"])
+        key = torch.from_numpy(state[f"{prefix}self_attn.k_proj.weight"])
+        writer.add_tensor(f"blk.{layer}.attn_q.weight", _rope_permuted(query, heads).numpy())
+        writer.add_tensor(f"blk.{layer}.attn_k.weight", _rope_permuted(key, kv_heads).numpy())
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path

@@ -766,7 +766,7 @@ def test_lookup_peers_only(pair: ModelPair) -> None:
 
 
 def test_peers_flag_takes_a_list() -> None:
-    assert command.parse_peers(None) == ()
+    assert command.parse_peers(None) == ("llamacpp-exact",)  # the fastest plain run, by default
     assert command.parse_peers("none") == ()
     assert command.parse_peers("hf-compiled, hf,hf-compiled") == ("hf-compiled", "hf")
     for bad in ("hf,llama", ",", "HF"):

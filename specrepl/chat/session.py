@@ -53,6 +53,7 @@ from specrepl.chat.refusals import (
 )
 from specrepl.chat.settings import SettingError, Settings
 from specrepl.chat.streaming import TextStream, step_pieces
+from specrepl.chat.target import ChatTarget
 from specrepl.engine.devices import release_memory
 from specrepl.engine.drafters.base import Drafter
 from specrepl.engine.drafters.draft_head import DraftHead
@@ -106,6 +107,7 @@ class ChatSession:
         }
         self.drafters = ChatDrafters(pair, self._caches)
         self.drafters.check_head(settings)
+        self.target = ChatTarget(pair)
         self.settings = settings
 
     # -- state -------------------------------------------------------------
@@ -126,6 +128,7 @@ class ChatSession:
             self.drafters.check_head(updated)
         except HeadLoadError as error:
             raise SettingError(str(error)) from None
+        self.target.check(updated)
         try:
             self.drafters.ready(updated)
         except SettingError:
@@ -213,8 +216,8 @@ class ChatSession:
             self.drafters.choice(settings)
         ids = self.prompt_ids(prompt)
         common = self.pair.generation_options(use_cache=settings.use_cache)
-        target = self.pair.target
-        autoregressive_generate(ids, target.model, max_gen_len=2, tuning=target.tuning, **common)
+        target = self.target.runnable(settings)
+        autoregressive_generate(ids, target, max_gen_len=2, **common)
         drafter = self.pair.drafter
         if drafter is not None and (drafter.resident or self.drafters.needs_torch_model(settings)):
             autoregressive_generate(
@@ -224,10 +227,9 @@ class ChatSession:
             speculative_generate(
                 ids,
                 self._drafter(settings),
-                target.model,
+                target,
                 gamma=settings.gamma,
                 max_gen_len=settings.gamma + 2,
-                tuning=target.tuning,
                 **common,
             )
         self.drop_caches()  # the warm-up's prompt is no turn of the chat
@@ -425,18 +427,14 @@ class ChatSession:
         try:
             if generator == "speculative":
                 drafter = self._drafter(settings)
-                result = speculative_generate(
-                    ids,
-                    drafter,
-                    self.pair.target.model,
-                    gamma=self.drafters.policy(settings, drafter),
-                    tuning=self.pair.target.tuning,
-                    **common,
-                )
-            else:
-                model = self.pair.target.model if generator == "target" else self.drafters.model()
-                loaded = self.pair.target if generator == "target" else self.pair.drafter
-                tuning = None if loaded is None else loaded.tuning
+                target = self.target.runnable(settings)
+                policy = self.drafters.policy(settings, drafter)
+                result = speculative_generate(ids, drafter, target, gamma=policy, **common)
+            elif generator == "target":
+                result = autoregressive_generate(ids, self.target.runnable(settings), **common)
+            else:  # the drafter alone
+                loaded = self.pair.drafter
+                model, tuning = self.drafters.model(), None if loaded is None else loaded.tuning
                 result = autoregressive_generate(ids, model, tuning=tuning, **common)
         except GenerationInterrupted as interrupted:
             result = interrupted.result

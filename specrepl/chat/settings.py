@@ -31,6 +31,7 @@ from specrepl.engine.processor_specs import (
     PROCESSOR_PARAMETERS,
     describe_processor,
 )
+from specrepl.engine.runtime_options import TARGET_RUNTIMES
 
 if TYPE_CHECKING:
     from specrepl.engine.processors import LogitsProcessor
@@ -257,6 +258,12 @@ class Settings:
         Bound(str, choices=DRAFTER_RUNTIMES),
         "what runs the drafter model: torch, llamacpp (its GGUF file), or auto (the cheaper)",
         drafter="runtime",
+    )
+    target_runtime: str = _setting(
+        "torch",
+        Bound(str, choices=TARGET_RUNTIMES),
+        "what runs the target (and so the baseline): torch, llamacpp (a GGUF file of its exact"
+        " weights), or auto (the faster, where its greedy text is torch's)",
     )
     processor: str = _setting(
         "greedy", Bound(str, choices=PROCESSOR_NAMES), "how tokens are chosen from the logits"

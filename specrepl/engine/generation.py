@@ -22,13 +22,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 
 import torch
-from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from specrepl.engine.drafters.base import Drafter
 from specrepl.engine.drafters.model import as_drafter
-from specrepl.engine.forward import context_length, logits_width, model_device
 from specrepl.engine.gamma import FixedGamma, GammaPolicy
-from specrepl.engine.kv_cache import new_cache
 from specrepl.engine.processors import GreedyProcessor, LogitsProcessor
 from specrepl.engine.prompt_cache import PromptCache
 from specrepl.engine.results import (
@@ -37,8 +35,9 @@ from specrepl.engine.results import (
     StepEvent,
     StopReason,
 )
+from specrepl.engine.runtime import FeaturesUnavailable, ModelRuntime, RunnableModel, as_runnable
 from specrepl.engine.signals import raise_lost_signal, signals_received
-from specrepl.engine.steps import Clock, TargetRun, decode_steps
+from specrepl.engine.steps import Clock, decode_steps
 from specrepl.engine.tuning import Tuning
 
 __all__ = [
@@ -85,7 +84,7 @@ def _check_prompt(inputs: list[int], context: int | None) -> None:
 
 def _run_loop(
     inputs: list[int],
-    target: PreTrainedModel,
+    target: RunnableModel | PreTrainedModel,
     drafter: Drafter | None,
     *,
     tuning: Tuning | None,
@@ -99,63 +98,70 @@ def _run_loop(
     prompt_cache: PromptCache | None = None,
 ) -> Iterator[StepEvent]:
     """The decoding loop; returns (via StopIteration) the stop reason, the active
-    seconds and how many prompt tokens a kept cache spared the target."""
+    seconds and how many prompt tokens a kept runtime spared the target."""
     policy = FixedGamma(gamma) if isinstance(gamma, int) else gamma
     if max_gen_len < 1:
         raise ValueError(f"max_gen_len must be >= 1, got {max_gen_len}")
-    context = context_length(target)
+    runnable = as_runnable(target, tuning)
+    context = runnable.context
     _check_prompt(inputs, context)
-    device = model_device(target)
     if vocab_size is None:
-        vocab_size = logits_width(target)
+        vocab_size = runnable.width
         if drafter is not None and drafter.width is not None:
             vocab_size = min(vocab_size, drafter.width)
     limit = max_gen_len if context is None else min(max_gen_len, context - len(inputs))
     limit_reason: StopReason = "length" if limit == max_gen_len else "context"
 
-    clock = Clock(device)
+    clock = Clock(runnable.device)
     clock.resume()
-    sequence = torch.tensor(inputs, dtype=torch.long, device=device)
+    sequence = torch.tensor(inputs, dtype=torch.long, device=runnable.device)
     try:
         if drafter is not None:
             drafter.begin(sequence, vocab_size)
-        cache, reused = _target_cache(target, inputs, drafter, use_cache, prompt_cache)
-        target_run = TargetRun(target, Tuning() if tuning is None else tuning, cache)
+        runtime, reused = _target_runtime(runnable, inputs, drafter, use_cache, prompt_cache)
         steps = decode_steps(
-            sequence, target_run, drafter, policy, clock,
+            sequence, runtime, drafter, policy, clock,
             logits_processor=logits_processor, limit=limit, end_tokens=_end_tokens(eos_tokens_id),
             generator=generator, vocab_size=vocab_size,
         )  # fmt: skip
         stop, sequence = yield from steps
-    except BaseException:  # interrupted or failed: what the caches hold may be half a step
+    except BaseException:  # interrupted or failed: what the runtimes hold may be half a step
         if drafter is not None:
             drafter.forget()
         raise
-    if prompt_cache is not None and cache is not None:
-        prompt_cache.keep(target, cache, sequence)
+    if prompt_cache is not None and use_cache:
+        prompt_cache.keep(runtime, sequence)
     clock.pause()
     return stop or limit_reason, clock.active, reused
 
 
-def _target_cache(
-    target: PreTrainedModel,
+def _target_runtime(
+    target: RunnableModel,
     inputs: list[int],
     drafter: Drafter | None,
     use_cache: bool,
     prompt_cache: PromptCache | None,
-) -> tuple[DynamicCache | None, int]:
-    """The target's cache for this run and how many prompt tokens it already holds.
+) -> tuple[ModelRuntime, int]:
+    """The target's runtime for this run and how many prompt tokens it already holds.
 
     A drafter that reads the target's features needs them at every position the
-    target feeds, so the target re-uses no more than the drafter kept."""
-    if not use_cache:
-        return None, 0
-    if prompt_cache is None:
-        return new_cache(target), 0
+    target feeds, so the target re-uses no more than the drafter kept; a runtime
+    that cannot give features refuses such a drafter."""
     at_most = None
     if drafter is not None and drafter.uses_target_features:
         at_most = drafter.features_held()
-    return prompt_cache.take(target, inputs, at_most)
+    if not use_cache:
+        runtime, reused = target.open(use_cache=False), 0
+    elif prompt_cache is None:
+        runtime, reused = target.open(), 0
+    else:
+        runtime, reused = prompt_cache.take(target, inputs, at_most)
+    if at_most is not None and not runtime.gives_features:
+        raise FeaturesUnavailable(
+            f"the drafter {drafter.name!r} reads the target's features, which the target's "
+            f"{runtime.name} runtime does not give: run the target in torch"
+        )
+    return runtime, reused
 
 
 def _collect(
@@ -195,7 +201,7 @@ def _collect(
 def stream_speculative(
     inputs: list[int],
     drafter: Drafter | PreTrainedModel,
-    target: PreTrainedModel,
+    target: RunnableModel | PreTrainedModel,
     *,
     logits_processor: LogitsProcessor | None = None,
     gamma: int | GammaPolicy = 4,
@@ -226,7 +232,7 @@ def stream_speculative(
 
 def stream_autoregressive(
     inputs: list[int],
-    model: PreTrainedModel,
+    model: RunnableModel | PreTrainedModel,
     *,
     logits_processor: LogitsProcessor | None = None,
     max_gen_len: int = 128,
@@ -257,7 +263,7 @@ def stream_autoregressive(
 def speculative_generate(
     inputs: list[int],
     drafter: Drafter | PreTrainedModel,
-    target: PreTrainedModel,
+    target: RunnableModel | PreTrainedModel,
     *,
     logits_processor: LogitsProcessor | None = None,
     gamma: int | GammaPolicy = 4,
@@ -310,7 +316,7 @@ def speculative_generate(
 
 def autoregressive_generate(
     inputs: list[int],
-    model: PreTrainedModel,
+    model: RunnableModel | PreTrainedModel,
     *,
     logits_processor: LogitsProcessor | None = None,
     max_gen_len: int = 128,

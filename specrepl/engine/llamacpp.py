@@ -68,7 +68,7 @@ import llama_cpp
 path, threads = sys.argv[1], int(sys.argv[2])
 llama = llama_cpp.Llama(model_path=path, n_ctx=128, n_threads=threads,
                         n_threads_batch=threads, verbose=False)
-prompt = llama.tokenize(b"The quick brown fox jumps over the lazy dog. " * 3)
+prompt = llama.tokenize(b"The quick brown fox jumps over the lazy dog. " * 3)[:48]
 llama.eval(prompt)
 for _ in range(4):
     llama.eval([prompt[-1]])

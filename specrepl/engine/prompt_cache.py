@@ -1,15 +1,16 @@
-"""A model's KV cache kept from one generation to the next, so a chat does not re-read its history.
+"""A model's runtime kept from one generation to the next, so a chat does not re-read its history.
 
-A `PromptCache` holds a cache and the token ids whose keys and values it holds.
-The next generation compares its prompt with those ids token by token, crops
-the cache to the longest common prefix (never the prompt's last token, which
-must be fed for its logits) and feeds only the rest. Comparing ids rather than
-turns means that a chat template which renders an earlier turn differently
-the next time costs a longer feed, never a wrong answer.
+A `PromptCache` holds a `ModelRuntime` (`runtime.py`: a transformers cache, a
+llama.cpp context) and the token ids whose keys and values it holds. The next
+generation compares its prompt with those ids token by token, rolls the
+runtime back to the longest common prefix (never the prompt's last token,
+which must be fed for its logits) and feeds only the rest. Comparing ids
+rather than turns means that a chat template which renders an earlier turn
+differently the next time costs a longer feed, never a wrong answer.
 
-The cache is taken out while a generation uses it and put back only when the
-generation ends normally: a run that is interrupted or fails leaves the
-`PromptCache` empty, because its cache may hold a half-written step. `keep`
+The runtime is taken out while a generation uses it and put back only when
+the generation ends normally: a run that is interrupted or fails leaves the
+`PromptCache` empty, because its runtime may hold a half-written step. `keep`
 costs nothing (the ids are read at the next `take`), so a drafter may call it
 after every step.
 
@@ -19,11 +20,13 @@ This module knows nothing about drafting or chat templates.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
-from transformers import DynamicCache, PreTrainedModel
+from transformers import PreTrainedModel
 
-from specrepl.engine.kv_cache import cached_length, new_cache, rollback_to
+from specrepl.engine.runtime import ModelRuntime, RunnableModel, as_runnable
+from specrepl.engine.tuning import Tuning
 
 __all__ = ["PromptCache", "common_prefix"]
 
@@ -39,47 +42,55 @@ def common_prefix(held: Sequence[int] | torch.Tensor, inputs: Sequence[int]) -> 
 
 
 class PromptCache:
-    """One model's cache between generations (see the module docstring).
+    """One model's runtime between generations (see the module docstring).
 
     Pass the same object to every `speculative_generate` or
     `autoregressive_generate` call of a conversation (`prompt_cache=`); one
-    object per generator and model, since each holds one model's cache.
+    object per generator and model, since each holds one model's runtime.
     """
 
     def __init__(self) -> None:
-        self._model: PreTrainedModel | None = None
-        self._cache: DynamicCache | None = None
+        self._runtime: ModelRuntime | None = None
         self._ids: torch.Tensor | None = None
 
     @property
     def held(self) -> int:
-        """How many tokens the kept cache holds (0 when nothing is kept)."""
+        """How many tokens the kept runtime holds (0 when nothing is kept)."""
         return 0 if self._ids is None else int(self._ids.shape[0])
 
-    def reusable(self, model: PreTrainedModel, inputs: Sequence[int]) -> int:
-        """How many tokens of `inputs` the kept cache would spare `model` from feeding."""
-        if self._cache is None or self._ids is None or self._model is not model:
+    def reusable(self, model: RunnableModel | PreTrainedModel | Any, inputs: Sequence[int]) -> int:
+        """How many tokens of `inputs` the kept runtime would spare `model` from feeding."""
+        if self._runtime is None or self._ids is None or not self._runtime.model.runs(model):
             return 0
         return min(common_prefix(self._ids, inputs), max(len(inputs) - 1, 0))
 
     def take(
-        self, model: PreTrainedModel, inputs: Sequence[int], at_most: int | None = None
-    ) -> tuple[DynamicCache, int]:
-        """The cache to continue `inputs` with and how many of their tokens it holds
-        (at most `at_most`). The `PromptCache` is empty until `keep` is called."""
+        self,
+        model: RunnableModel | PreTrainedModel,
+        inputs: Sequence[int],
+        at_most: int | None = None,
+        *,
+        tuning: Tuning | None = None,
+    ) -> tuple[ModelRuntime, int]:
+        """The runtime to continue `inputs` with and how many of their tokens it
+        holds (at most `at_most`); a new one (a transformers model runs with
+        `tuning`) when nothing kept serves. The `PromptCache` is empty until
+        `keep` is called."""
         reused = self.reusable(model, inputs)
         if at_most is not None:
             reused = min(reused, max(at_most, 0))
-        cache = self._cache if reused > 0 and self._cache is not None else new_cache(model)
-        rollback_to(cache, reused)
+        runtime = self._runtime
+        if reused <= 0 or runtime is None:
+            runtime = as_runnable(model, tuning).open()
+        runtime.rollback_to(reused)
         self.drop()
-        return cache, reused
+        return runtime, reused
 
-    def keep(self, model: PreTrainedModel, cache: DynamicCache, sequence: torch.Tensor) -> None:
-        """Keep `cache`, which holds the first tokens of `sequence` (1-D ids), for next time."""
-        self._model, self._cache = model, cache
-        self._ids = sequence[: cached_length(cache)]
+    def keep(self, runtime: ModelRuntime, sequence: torch.Tensor) -> None:
+        """Keep `runtime`, which holds the first tokens of `sequence` (1-D ids), for next time."""
+        self._runtime = runtime
+        self._ids = sequence[: runtime.length]
 
     def drop(self) -> None:
-        """Forget the kept cache (its memory is freed once no run holds it)."""
-        self._model, self._cache, self._ids = None, None, None
+        """Forget the kept runtime (its memory is freed once no run holds it)."""
+        self._runtime, self._ids = None, None

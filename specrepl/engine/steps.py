@@ -3,9 +3,9 @@
 `decode_steps` is the loop of `generation.py` once a run is set up: each step
 the gamma policy chooses a draft source and gamma among what the drafter
 offers, the drafter proposes up to gamma tokens, the target scores the
-sequence plus the drafts in one forward pass (run as its `tuning.Tuning`
-says), `verification.py` decides what to keep, both caches are rolled back
-to it, and the drafter is told what stayed valid. Each step yields a
+sequence plus the drafts in one pass of its runtime (`runtime.py`: torch,
+llama.cpp), `verification.py` decides what to keep, the target's runtime is
+rolled back to it, and the drafter is told what stayed valid. Each step yields a
 `StepEvent`. The first step of a generation is the target's prompt pass
 alone, so the first token comes at the target's own pace.
 
@@ -19,19 +19,16 @@ from collections.abc import Generator
 from dataclasses import dataclass, replace
 
 import torch
-from transformers import DynamicCache, PreTrainedModel
 
 from specrepl.engine.devices import synchronize
 from specrepl.engine.drafters.base import Draft, Drafter
-from specrepl.engine.forward import forward_pass
 from specrepl.engine.gamma import Choice, GammaPolicy
-from specrepl.engine.kv_cache import cached_length, rollback_to
 from specrepl.engine.processors import LogitsProcessor
 from specrepl.engine.results import BUDGET_END, PROMPT_PASS, StepEvent, StopReason
-from specrepl.engine.tuning import Tuning
+from specrepl.engine.runtime import ModelRuntime
 from specrepl.engine.verification import verify_greedy, verify_sampling
 
-__all__ = ["Clock", "TargetRun", "decode_steps"]
+__all__ = ["Clock", "decode_steps"]
 
 
 class Clock:
@@ -58,15 +55,6 @@ class Clock:
 
 
 @dataclass(frozen=True)
-class TargetRun:
-    """The target as one run calls it: the model, its tuning and its cache."""
-
-    model: PreTrainedModel
-    tuning: Tuning
-    cache: DynamicCache | None
-
-
-@dataclass(frozen=True)
 class _Scored:
     """The target's pass over the sequence followed by the drafts."""
 
@@ -77,12 +65,12 @@ class _Scored:
     features: torch.Tensor | None
     """The target's final hidden states at the positions fed (when the drafter reads them)."""
     fed_from: int
-    """The first position fed: how much of the sequence the cache held before."""
+    """The first position fed: how much of the sequence the runtime held before."""
 
 
 def decode_steps(
     sequence: torch.Tensor,
-    target: TargetRun,
+    target: ModelRuntime,
     drafter: Drafter | None,
     policy: GammaPolicy,
     clock: Clock,
@@ -96,7 +84,7 @@ def decode_steps(
     """Draft, verify, keep, until `limit` new tokens or an end token; returns the
     end token's stop reason (None at the limit) and the final sequence."""
     policy.start()
-    _prime(policy, target.tuning)
+    _prime(policy, target)
     generated = 0
     while generated < limit:
         started = clock.now()
@@ -110,8 +98,8 @@ def decode_steps(
         length = sequence.shape[0]
         sequence = torch.cat((scored.candidate[: length + accepted], sequence.new_tensor([token])))
         sequence = sequence[: length + len(appended)]
-        rollback_to(target.cache, length + accepted)
-        _update_drafter(drafter, sequence, length + accepted, scored, target.cache, len(appended))
+        target.rollback_to(length + accepted)
+        _update_drafter(drafter, sequence, length + accepted, scored, target, len(appended))
         generated += len(appended)
         clock.pause()
         event = _event(choice, draft, accepted, appended, (started, drafted, verified), clock)
@@ -160,7 +148,7 @@ def _draft(
 
 
 def _score(
-    target: TargetRun,
+    target: ModelRuntime,
     sequence: torch.Tensor,
     draft: Draft,
     vocab_size: int,
@@ -170,16 +158,13 @@ def _score(
     positions that verification reads, and the features a drafter asks for."""
     k = len(draft)
     candidate = torch.cat((sequence, draft.tokens)) if k else sequence
-    fed_from = cached_length(target.cache)
-    logits, features = forward_pass(
-        target.model,
+    fed_from = target.length
+    logits, features = target.score(
         candidate,
-        target.cache,
         k + 1,
         vocab_size,
         features=drafter is not None and drafter.uses_target_features,
         feature_layers=() if drafter is None else drafter.feature_layers,
-        tuning=target.tuning,
     )
     return _Scored(candidate, logits, features, fed_from)
 
@@ -216,7 +201,7 @@ def _update_drafter(
     sequence: torch.Tensor,
     valid: int,
     scored: _Scored,
-    cache: DynamicCache | None,
+    target: ModelRuntime,
     appended: int,
 ) -> None:
     """Tell the drafter how much of what it saw is still valid (the first
@@ -227,7 +212,7 @@ def _update_drafter(
     if scored.features is not None:
         extra["target_features"] = scored.features[: valid - scored.fed_from]
     if drafter.uses_target_cache:
-        extra["target_cache"] = cache
+        extra["target_cache"] = target.key_values()
     drafter.update(sequence, valid, scored.logits[:appended], **extra)
 
 
@@ -259,8 +244,9 @@ def _event(
     )
 
 
-def _prime(policy: GammaPolicy, tuning: Tuning) -> None:
-    """Tell the policy the target's step costs per number of drafts, from its
-    forward-width timings (`widths.WidthPlan.step_seconds`), if it was timed."""
-    if tuning.plan is not None:
-        policy.prime(tuning.plan.step_seconds())
+def _prime(policy: GammaPolicy, target: ModelRuntime) -> None:
+    """Tell the policy the target's step costs per number of drafts, where its
+    runtime was timed (a width plan's `step_seconds`, llama.cpp's widths)."""
+    seconds = target.step_seconds()
+    if seconds:
+        policy.prime(seconds)

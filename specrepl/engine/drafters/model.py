@@ -29,6 +29,7 @@ from specrepl.engine.kv_cache import (
 from specrepl.engine.processors import LogitsProcessor
 from specrepl.engine.prompt_cache import PromptCache
 from specrepl.engine.results import Offer
+from specrepl.engine.runtime import ModelRuntime
 from specrepl.engine.tuning import Tuning
 
 __all__ = ["ModelDrafter", "as_drafter", "is_copy_of"]
@@ -90,6 +91,7 @@ class ModelDrafter(Drafter):
         self.cache: DynamicCache | None = None
         self.offset = 0
         self._kept = PromptCache()  # the cache between generations, with keep_between_prompts
+        self._runtime: ModelRuntime | None = None  # what `_kept` keeps (keep_between_prompts)
         self.tuning = Tuning() if tuning is None else tuning
         self.cache_dtype: torch.dtype | None = None
         """The dtype the target's keys and values are kept in (None: not decided yet)."""
@@ -102,11 +104,13 @@ class ModelDrafter(Drafter):
         With `keep_between_prompts` (and no window), the cache of the last
         generation is cropped to what the new prompt shares with it."""
         self.vocab_size = vocab_size
+        self._runtime = None
         self.offset = 0 if self.window is None else max(0, prompt.shape[0] - self.window)
         if not self.use_cache:
             self.cache = None
         elif self.keep_between_prompts and self.window is None:
-            self.cache, _ = self._kept.take(self.model, prompt.tolist())
+            self._runtime, _ = self._kept.take(self.model, prompt.tolist(), tuning=self.tuning)
+            self.cache = self._runtime.key_values()
         else:
             self.cache = new_cache(self.model)
         self._seeded = (
@@ -115,6 +119,7 @@ class ModelDrafter(Drafter):
 
     def forget(self) -> None:
         self.cache = None
+        self._runtime = None
         self._kept.drop()
 
     def _room(self, sequence: torch.Tensor, k: int) -> int:
@@ -185,8 +190,8 @@ class ModelDrafter(Drafter):
                     dtype=self._copied_dtype(target_cache),
                     device=self.device,
                 )
-        if self.keep_between_prompts and self.cache is not None and self.window is None:
-            self._kept.keep(self.model, self.cache, sequence)
+        if self.keep_between_prompts and self._runtime is not None and self.window is None:
+            self._kept.keep(self._runtime, sequence)
 
     def _copied_dtype(self, target_cache: DynamicCache) -> torch.dtype:
         """The dtype to keep the target's keys and values in: the copy's own, or

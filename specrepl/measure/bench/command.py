@@ -36,7 +36,7 @@ from specrepl.engine.signals import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT
 from specrepl.measure.bench import tables
 from specrepl.measure.bench.figures import LONG_INPUT_TOKENS
 from specrepl.measure.bench.markdown import run_markdown
-from specrepl.measure.bench.options import PEERS, BenchOptions
+from specrepl.measure.bench.options import DEFAULT_PEERS, PEERS, BenchOptions
 from specrepl.measure.bench.prompts import (
     PROMPTS_FILE,
     BenchError,
@@ -73,9 +73,10 @@ def parse_sweep(value: str | None) -> tuple[int, ...]:
 
 
 def parse_peers(value: str | None) -> tuple[str, ...]:
-    """`hf,hf-compiled`: the peers to run, in the order given, no repeats; () for none."""
+    """`hf,hf-compiled`: the peers to run, in the order given, no repeats; () for
+    none; the default peers when not given."""
     if value is None:
-        return ()
+        return DEFAULT_PEERS
     names = list(dict.fromkeys(name.strip() for name in value.split(",") if name.strip()))
     unknown = [name for name in names if name not in PEERS]
     if unknown or not names:
@@ -119,7 +120,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         " plain, assisted and prompt lookup), hf-lookup (generate() and its prompt lookup"
         " only), hf-compiled (generate() with a static cache and torch.compile; the"
         " compilation is timed apart), llamacpp (llama.cpp on the target's GGUF file, plain"
-        " and with its prompt lookup; needs bash scripts/setup.sh --llamacpp), none (default)",
+        " and with its prompt lookup; needs bash scripts/setup.sh), llamacpp-exact (llama.cpp on a"
+        " GGUF file of the target's exact weights, float32 for a quantized file: the fastest plain"
+        " run, the default), none",
     )
     parser.add_argument(
         "--gamma-sweep",

@@ -37,6 +37,7 @@ __all__ = [
     "HF_LOOKUP",
     "LATER_TURNS",
     "LLAMACPP",
+    "LLAMACPP_EXACT",
     "LLAMACPP_LOOKUP",
     "LONG_INPUT",
     "LONG_INPUT_TOKENS",
@@ -69,6 +70,7 @@ HF_ASSISTED_MATCHED = "hf_assisted_matched"
 HF_LOOKUP = "hf_lookup"
 LLAMACPP = "llamacpp"
 LLAMACPP_LOOKUP = "llamacpp_lookup"
+LLAMACPP_EXACT = "llamacpp_exact"
 
 
 @dataclass(frozen=True)

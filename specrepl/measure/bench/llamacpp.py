@@ -49,13 +49,16 @@ def sampling_options(processor: LogitsProcessor) -> dict[str, Any]:
 
 @dataclass
 class LlamaCpp:
-    """The loaded GGUF file: `plain` decodes one token per step, `lookup` (built
-    with the binding's prompt-lookup draft model) verifies drafts in batches."""
+    """The loaded GGUF files: `plain` decodes the target's file one token per
+    step, `lookup` (built with the binding's prompt-lookup draft model)
+    verifies drafts in batches, `exact` decodes the file of the target's exact
+    weights one token per step; each None where not asked for."""
 
     plain: Any
     lookup: Any
     version: str
     end_tokens: frozenset[int] = field(default_factory=frozenset)
+    exact: Any = None
 
     def generate(
         self,
@@ -64,14 +67,19 @@ class LlamaCpp:
         processor: LogitsProcessor,
         seed: int,
         *,
-        lookup: bool = False,
+        which: str = "llamacpp",
     ) -> list[int]:
-        """Up to `budget` new tokens after `ids`, ending after an end token.
+        """Up to `budget` new tokens after `ids` from the model `which` names
+        ("llamacpp", "llamacpp_lookup", "llamacpp_exact"), ending after an end token.
 
         The model state is reset first, so that no run reuses the previous
         run's cached prompt (llama-cpp-python would otherwise match prefixes).
         """
-        model = self.lookup if lookup else self.plain
+        model = {"llamacpp_lookup": self.lookup, "llamacpp_exact": self.exact}.get(
+            which, self.plain
+        )
+        if model is None:
+            raise LlamaCppUnavailable(f"{which} was not loaded")
         model.reset()
         model.set_seed(seed)
         tokens: list[int] = []
@@ -89,11 +97,36 @@ def open_llamacpp(
     draft_tokens: int,
     end_tokens: Iterable[int],
     threads: int | None = None,
+    quantized: bool = True,
+    exact: Path | None = None,
 ) -> LlamaCpp:
-    """Load the GGUF file twice (plain and with prompt lookup), or raise
-    `LlamaCppUnavailable` saying why it cannot run here."""
-    plain = open_gguf(path, context_length=context_length, threads=threads)
+    """Load the GGUF file twice (plain and with prompt lookup; unless not
+    `quantized`), and the file of the target's exact weights `exact` once
+    where given, or raise `LlamaCppUnavailable` saying why it cannot run here."""
+    plain = lookup = None
+    if quantized:
+        plain, lookup = _open_with_lookup(path, context_length, draft_tokens, threads)
+    elif exact is None:
+        raise LlamaCppUnavailable(
+            "it runs a GGUF file and the model was not loaded from one "
+            "(use the embedded model or a .gguf file)"
+        )
     llama_cpp = import_llamacpp()
+    return LlamaCpp(
+        plain=plain,
+        lookup=lookup,
+        version=str(getattr(llama_cpp, "__version__", "unknown")),
+        end_tokens=frozenset(int(token) for token in end_tokens),
+        exact=None
+        if exact is None
+        else open_gguf(exact, context_length=context_length, threads=threads),
+    )
+
+
+def _open_with_lookup(
+    path: Path | None, context_length: int, draft_tokens: int, threads: int | None
+) -> tuple[Any, Any]:
+    plain = open_gguf(path, context_length=context_length, threads=threads)
     try:
         speculative = importlib.import_module("llama_cpp.llama_speculative")
     except Exception as error:  # a broken build fails in many ways, all of them here
@@ -108,9 +141,4 @@ def open_llamacpp(
         draft_model=speculative.LlamaPromptLookupDecoding(num_pred_tokens=draft_tokens),
         logits_all=True,
     )
-    return LlamaCpp(
-        plain=plain,
-        lookup=lookup,
-        version=str(getattr(llama_cpp, "__version__", "unknown")),
-        end_tokens=frozenset(int(token) for token in end_tokens),
-    )
+    return plain, lookup

@@ -23,9 +23,11 @@ from specrepl.measure.bench.prompts import BenchError
 if TYPE_CHECKING:
     from specrepl.engine.processors import LogitsProcessor
 
-__all__ = ["PEERS", "BenchOptions"]
+__all__ = ["DEFAULT_PEERS", "PEERS", "BenchOptions"]
 
-PEERS = ("hf", "hf-lookup", "hf-compiled", "llamacpp", "none")
+PEERS = ("hf", "hf-lookup", "hf-compiled", "llamacpp", "llamacpp-exact", "none")
+DEFAULT_PEERS = ("llamacpp-exact",)
+"""The fastest plain run of the target's own weights, in every run unless --peers says."""
 
 
 @dataclass(frozen=True)

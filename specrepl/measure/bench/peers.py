@@ -31,13 +31,15 @@ from specrepl.measure.bench.figures import (
     HF_GENERATE,
     HF_LOOKUP,
     LLAMACPP,
+    LLAMACPP_EXACT,
     LLAMACPP_LOOKUP,
     Method,
     MethodRun,
 )
-from specrepl.measure.bench.llamacpp import LlamaCpp, open_llamacpp
+from specrepl.measure.bench.llamacpp import LlamaCpp, LlamaCppUnavailable, open_llamacpp
 from specrepl.measure.bench.options import BenchOptions
 from specrepl.measure.bench.prompts import BenchError
+from specrepl.models.gguf_f32 import float32_gguf
 from specrepl.models.pair import ModelPair
 
 __all__ = ["HF_PEERS", "HfPeer", "LlamaCppPeer", "quiet_transformers", "timed"]
@@ -251,38 +253,60 @@ class HfPeer:
 
 
 class LlamaCppPeer:
-    """llama.cpp on the target's GGUF file, plain and with its prompt lookup."""
+    """llama.cpp on the target's GGUF file, plain and with its prompt lookup
+    (`llamacpp`), and on a GGUF file of the target's exact weights
+    (`llamacpp-exact`: float32 for a quantized file, what specrepl's target
+    computes with): the fastest plain run of the same weights."""
 
-    NAMES = frozenset({LLAMACPP, LLAMACPP_LOOKUP})
+    NAMES = frozenset({LLAMACPP, LLAMACPP_LOOKUP, LLAMACPP_EXACT})
+    PEERS = frozenset({"llamacpp", "llamacpp-exact"})
 
     def __init__(self, pair: ModelPair, options: BenchOptions) -> None:
         self.pair = pair
         self.options = options
         self.llama: LlamaCpp | None = None
-        """The binding's model once `open` has loaded it."""
+        """The binding's models once `open` has loaded them."""
+        self.asked: set[str] = set()
 
-    def methods(self) -> list[Method]:
+    def methods(self, peers: set[str]) -> list[Method]:
+        self.asked = peers & self.PEERS
         gguf = self.pair.target.gguf
         common = {"gguf": None if gguf is None else gguf.name, "threads": torch.get_num_threads()}
         gamma = self.options.settings.gamma
-        return [
-            Method(LLAMACPP, "llama.cpp", "llamacpp", settings=common),
-            Method(
-                LLAMACPP_LOOKUP,
-                f"llama.cpp prompt lookup ({gamma})",
-                "llamacpp",
-                settings={**common, "num_pred_tokens": gamma},
-            ),
-        ]
+        methods = []
+        if "llamacpp-exact" in peers:
+            label = "llama.cpp, the target's exact weights"
+            methods.append(Method(LLAMACPP_EXACT, label, "llamacpp", settings=common))
+        if "llamacpp" in peers:
+            methods.append(Method(LLAMACPP, "llama.cpp", "llamacpp", settings=common))
+            methods.append(
+                Method(
+                    LLAMACPP_LOOKUP,
+                    f"llama.cpp prompt lookup ({gamma})",
+                    "llamacpp",
+                    settings={**common, "num_pred_tokens": gamma},
+                )
+            )
+        return methods
 
     def open(self) -> LlamaCpp:
-        """Load the target's GGUF file; raises LlamaCppUnavailable with the reason."""
+        """Load the GGUF files the asked peers run; raises LlamaCppUnavailable
+        with the reason."""
+        gguf = self.pair.target.gguf
+        exact = None
+        if "llamacpp-exact" in self.asked and gguf is not None:
+            try:
+                exact = float32_gguf(gguf)
+            except (OSError, ValueError, KeyError) as error:
+                raise LlamaCppUnavailable(f"no float32 copy of {gguf.name}: {error}") from error
         self.llama = open_llamacpp(
-            self.pair.target.gguf,
+            gguf,
             context_length=self.pair.context_length,
             draft_tokens=self.options.settings.gamma,
             end_tokens=self.pair.eos_token_ids,
             threads=torch.get_num_threads(),
+            quantized="llamacpp" in self.asked,
+            exact=exact,
         )
         return self.llama
 
@@ -291,10 +315,9 @@ class LlamaCppPeer:
         if self.llama is None:
             raise BenchError("the llama.cpp peer is not loaded (open_llamacpp_peer first)")
         llama = self.llama
-        lookup = method.name == LLAMACPP_LOOKUP
         processor = self.options.processor
         tokens, seconds = timed(
             self.pair.device,
-            lambda: llama.generate(ids, budget, processor, seed, lookup=lookup),
+            lambda: llama.generate(ids, budget, processor, seed, which=method.name),
         )
         return peer_run(method, tokens, seconds, self.pair)

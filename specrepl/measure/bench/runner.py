@@ -39,6 +39,7 @@ from specrepl.chat.drafting import (
     drafter_spec,
     keeps_drafter_state,
 )
+from specrepl.chat.target import ChatTarget
 from specrepl.engine.drafters.base import Drafter
 from specrepl.engine.drafters.builder import load_drafter_head
 from specrepl.engine.drafters.draft_head import DraftHead
@@ -105,8 +106,8 @@ class Benchmark:
         self.settings = options.settings
         """What the REPL would run with: budget, decoding rule, drafter, gamma, ..."""
         self.processor = options.processor
-        self.hf = HfPeer(pair, options)
-        self.llamacpp = LlamaCppPeer(pair, options)
+        self.hf, self.llamacpp = HfPeer(pair, options), LlamaCppPeer(pair, options)
+        self.target = ChatTarget.checked(pair, self.settings)  # runs both specrepl methods' target
         self.drafter_runtime: RuntimeChoice | None = None
         """What runs the drafter model, once `_make_drafter` has chosen."""
         self._head: DraftHead | None = None
@@ -209,8 +210,9 @@ class Benchmark:
         drafting: dict[str, Any] = {"drafter_kind": kind}
         if self.drafter_runtime is not None:
             drafting["drafter_runtime"] = self.drafter_runtime.describe()
+        runtime = {"target_runtime": self.target.choice(settings).describe()}
         methods = [
-            Method(TARGET, "specrepl target-only", "specrepl"),
+            Method(TARGET, "specrepl target-only", "specrepl", settings=runtime),
             Method(
                 SPECULATIVE,
                 f"specrepl speculative ({kind}, γ {settings.describe_gamma()})",
@@ -218,6 +220,7 @@ class Benchmark:
                 speculative=True,
                 settings={
                     **drafting,
+                    **runtime,
                     "gamma_policy": settings.gamma_policy,
                     "gamma": settings.gamma,
                 },
@@ -239,8 +242,8 @@ class Benchmark:
     def _peer_methods(self, peers: set[str]) -> list[Method]:
         """What users run instead, as `peers` ask."""
         methods = self.hf.methods(peers) if peers & HF_PEERS else []
-        if "llamacpp" in peers:
-            methods += self.llamacpp.methods()
+        if peers & LlamaCppPeer.PEERS:
+            methods += self.llamacpp.methods(peers)
         return methods
 
     def prompt_ids(self, text: str, history: Sequence[Message] = ()) -> list[int]:
@@ -280,9 +283,8 @@ class Benchmark:
             "max_gen_len": budget,
             "on_step": events.append,
             "prompt_cache": self._kept.caches.get(method.name),  # --chat: kept between turns
-            "tuning": self.pair.target.tuning,
         }
-        target = self.pair.target.model
+        target = self.target.runnable(self.settings)
         if not method.speculative:
             result, seconds = timed(
                 self.pair.device, lambda: autoregressive_generate(ids, target, **common)
@@ -323,8 +325,8 @@ class Benchmark:
         """Load the llama.cpp peer before anything is timed; when it cannot run
         here (not installed, no GGUF file, does not load), its methods are
         dropped and `unavailable` says why."""
-        names = LlamaCppPeer.NAMES
-        if not any(method.name in names for method in self.methods):
+        names = {method.name for method in self.methods} & LlamaCppPeer.NAMES
+        if not names:
             return
         try:
             llama = self.llamacpp.open()

@@ -1,0 +1,231 @@
+"""A target run by llama.cpp: a GGUF file's weights loaded once, one context per runtime.
+
+On a CPU llama.cpp runs a small model's one-token step several times faster
+than an eager transformers forward of the same weights, so the fastest plain
+run of a GGUF model, and the fastest verification, are llama.cpp's.
+`LlamaCppModel` is a `runtime.RunnableModel`: it loads the file once
+(`llamacpp.open_gguf`, after the crash trial) and opens `LlamaCppRuntime`s,
+each with a context (its own keys and values) of its own, so that the
+speculative run and the target-alone run of one chat keep separate caches as
+they do in torch. A context whose runtime is gone goes back to a pool and is
+cleared before it serves again.
+
+A pass feeds the tokens the context does not hold in batches of the
+context's batch size, asks llama.cpp for the logits of only the last `keep`
+positions (the verification's k + 1 rows, or the prompt's last), and copies
+them out in one read; a rollback removes the positions past the kept length
+from the context's one sequence. `time_widths` measures the seconds of a pass
+by width after a short context, which the gamma policy reads as the target's
+step costs. The runtime gives no features (a drafter that reads them is
+refused by the loop).
+
+This module knows nothing about drafting, acceptance or settings.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+import weakref
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from specrepl.engine.llamacpp import import_llamacpp, open_gguf
+from specrepl.engine.runtime import FeaturesUnavailable, ModelRuntime, RunnableModel
+
+__all__ = ["LlamaCppModel", "LlamaCppRuntime"]
+
+BATCH = 512
+"""Tokens llama.cpp reads in one decode call (a longer prompt takes several)."""
+
+
+class _Context:
+    """A llama.cpp context with its batch and the tokens its sequence 0 holds."""
+
+    def __init__(self, llama_cpp: Any, llama: Any) -> None:
+        from llama_cpp import _internals
+
+        self._llama_cpp = llama_cpp
+        self.owner = _internals.LlamaContext(
+            model=llama._model, params=llama.context_params, verbose=False
+        )
+        self.ctx = self.owner.ctx
+        self.memory = llama_cpp.llama_get_memory(self.ctx)
+        self.batch = llama_cpp.llama_batch_init(BATCH, 0, 1)
+        self.held: list[int] = []
+
+    def clear(self) -> None:
+        self._llama_cpp.llama_memory_clear(self.memory, True)
+        self.held = []
+
+    def remove_from(self, length: int) -> None:
+        if length < len(self.held):
+            self._llama_cpp.llama_memory_seq_rm(self.memory, 0, length, -1)
+            del self.held[length:]
+
+    def close(self) -> None:
+        self._llama_cpp.llama_batch_free(self.batch)
+        self.owner.close()
+
+
+class LlamaCppModel(RunnableModel):
+    """The GGUF file at `path` in llama.cpp, as a target (see the module docstring).
+
+    `context_length` is the positions each runtime's context holds; `threads`
+    the threads of every pass (default: every CPU). Raises
+    `llamacpp.LlamaCppUnavailable` saying why it cannot run here.
+    """
+
+    def __init__(
+        self,
+        path: Path | None,
+        *,
+        context_length: int,
+        threads: int | None = None,
+        name: str | None = None,
+    ) -> None:
+        self._llama_cpp = import_llamacpp()
+        self.llama = open_gguf(
+            path, context_length=context_length, threads=threads, n_batch=BATCH, n_ubatch=BATCH
+        )
+        assert path is not None  # open_gguf refuses no file
+        self.path = path
+        self.name = name or path.name
+        self.device = torch.device("cpu")
+        self.width = int(self.llama.n_vocab())
+        self.context = int(self.llama.n_ctx())
+        self._free: list[_Context] = []
+        self._seconds: dict[int, float] | None = None
+
+    def open(self, *, use_cache: bool = True) -> LlamaCppRuntime:
+        context = self._free.pop() if self._free else _Context(self._llama_cpp, self.llama)
+        context.clear()
+        runtime = LlamaCppRuntime(self, context, keeps=use_cache)
+        weakref.finalize(runtime, self._free.append, context)
+        return runtime
+
+    def runs(self, model: Any) -> bool:
+        return model is self
+
+    def step_seconds(self) -> Mapping[int, float] | None:
+        """Seconds of a pass with k drafts (k + 1 tokens) by k, once timed."""
+        return self._seconds
+
+    def time_widths(
+        self, max_width: int, *, context: int = 48, repeats: int = 3
+    ) -> dict[int, float]:
+        """Median seconds of a pass over 1..`max_width` tokens after `context`
+        held ones, by drafts (width - 1); kept for `step_seconds`."""
+        runtime = self.open()
+        ids = [int(i) % self.width for i in range(1000, 1000 + context + max_width)]
+        sequence = torch.tensor(ids)
+        runtime.score(sequence[:context], 1, self.width)
+        seconds: dict[int, float] = {}
+        for width in range(1, max_width + 1):
+            timings = []
+            for _ in range(repeats):
+                started = time.perf_counter()
+                runtime.score(sequence[: context + width], width, self.width)
+                timings.append(time.perf_counter() - started)
+                runtime.rollback_to(context)
+            seconds[width - 1] = statistics.median(timings)
+        self._seconds = seconds
+        return seconds
+
+
+class LlamaCppRuntime(ModelRuntime):
+    """One llama.cpp context of a `LlamaCppModel` over a prefix of one sequence.
+
+    `keeps=False` (no cache asked for) clears the context before every pass,
+    so that each pass reads the whole sequence, as torch does without a cache."""
+
+    name = "llama.cpp"
+    gives_features = False
+
+    def __init__(self, model: LlamaCppModel, context: _Context, *, keeps: bool = True) -> None:
+        self._model = model
+        self._context = context
+        self._keeps = keeps
+        self._llama_cpp = model._llama_cpp
+
+    @property
+    def model(self) -> LlamaCppModel:
+        return self._model
+
+    @property
+    def length(self) -> int:
+        return len(self._context.held)
+
+    def held(self) -> list[int]:
+        """The tokens whose keys and values the context holds."""
+        return list(self._context.held)
+
+    def rollback_to(self, length: int) -> None:
+        self._context.remove_from(max(length, 0))
+
+    def step_seconds(self) -> Mapping[int, float] | None:
+        return self._model.step_seconds()
+
+    def score(
+        self,
+        sequence: torch.Tensor,
+        keep: int,
+        vocab_size: int,
+        *,
+        features: bool = False,
+        feature_layers: tuple[int, ...] = (),
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if features:
+            raise FeaturesUnavailable("llama.cpp's runtime gives logits, not the model's features")
+        if not self._keeps:
+            self._context.clear()
+        ids = sequence.tolist()
+        start = self.length
+        fed = ids[start:]
+        if not fed:
+            raise RuntimeError(
+                f"the context holds {start} tokens but the sequence has {len(ids)}: nothing to feed"
+            )
+        if keep > len(fed):
+            raise ValueError(f"logits of {keep} positions asked for, but only {len(fed)} are fed")
+        if start + len(fed) > self._model.context:
+            raise ValueError(
+                f"{start + len(fed)} positions do not fit the context of {self._model.context}"
+            )
+        rows: list[np.ndarray] = []
+        first_kept = len(fed) - keep
+        for offset in range(0, len(fed), BATCH):
+            chunk = fed[offset : offset + BATCH]
+            outputs = self._decode(chunk, start + offset, first_kept - offset)
+            if outputs:
+                pointer = self._llama_cpp.llama_get_logits(self._context.ctx)
+                block = np.ctypeslib.as_array(pointer, shape=(outputs, self._model.width))
+                rows.append(block[:, :vocab_size].copy())
+        logits = torch.from_numpy(np.concatenate(rows) if len(rows) > 1 else rows[0])
+        return logits, None
+
+    def _decode(self, tokens: list[int], position: int, first_output: int) -> int:
+        """Decode `tokens` at positions from `position`, with logits from the
+        `first_output`-th token of the chunk on; returns how many were asked."""
+        batch = self._context.batch
+        count = len(tokens)
+        outputs = 0
+        for index, token in enumerate(tokens):
+            batch.token[index] = token
+            batch.pos[index] = position + index
+            batch.n_seq_id[index] = 1
+            batch.seq_id[index][0] = 0
+            wanted = index >= first_output
+            batch.logits[index] = 1 if wanted else 0
+            outputs += wanted
+        batch.n_tokens = count
+        status = self._llama_cpp.llama_decode(self._context.ctx, batch)
+        if status != 0:
+            self._context.remove_from(position)
+            raise RuntimeError(f"llama.cpp could not decode {count} tokens (status {status})")
+        self._context.held.extend(tokens)
+        return outputs

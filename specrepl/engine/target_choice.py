@@ -1,0 +1,143 @@
+"""What runs the target: torch, or llama.cpp on a GGUF file of its weights, chosen by measurement.
+
+The target's runtime sets the floor of every speculative run and is the
+baseline every speedup divides by, so it is chosen as a user would choose
+the fastest plain runtime, and never at the price of the text:
+`choose_target_runtime` with "auto" opens the GGUF file in llama.cpp
+(`llamacpp_runtime.LlamaCppModel`), times one decoding step there against
+torch's (both measured now on this machine, never a constant), and takes
+llama.cpp only when it is faster AND its greedy text equals torch's on the
+calibration prompts it is given. "torch" and "llamacpp" force either ("llamacpp"
+raises `LlamaCppUnavailable` saying why it cannot run).
+
+Which GGUF file holds the target's exact weights (a float32 copy of a
+quantized file) is the caller's business (`specrepl.models.gguf_f32`).
+
+This module knows nothing of settings or of drafters.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from transformers import PreTrainedModel
+
+from specrepl.engine.generation import autoregressive_generate
+from specrepl.engine.llamacpp import LlamaCppUnavailable
+from specrepl.engine.llamacpp_runtime import LlamaCppModel
+from specrepl.engine.runtime import RunnableModel, TorchModel
+from specrepl.engine.runtime_options import TARGET_RUNTIMES
+from specrepl.engine.tuning import Tuning
+
+__all__ = ["TARGET_RUNTIMES", "TargetChoice", "choose_target_runtime", "torch_step_seconds"]
+
+CALIBRATION_TOKENS = 32
+"""New tokens of each calibration prompt whose greedy text must agree."""
+MAX_WIDTH = 17
+"""Widths timed in llama.cpp for the gamma policy (up to 16 drafts a step)."""
+
+
+@dataclass(frozen=True)
+class TargetChoice:
+    """What runs the target (`runnable`), its name and why."""
+
+    runnable: RunnableModel
+    reason: str
+    seconds: dict[str, float] = field(default_factory=dict)
+    """Measured seconds of one decoding step, by runtime ("torch", "llamacpp")."""
+
+    @property
+    def runtime(self) -> str:
+        return "llamacpp" if isinstance(self.runnable, LlamaCppModel) else "torch"
+
+    def describe(self) -> str:
+        name = "llama.cpp" if self.runtime == "llamacpp" else "torch"
+        file = f" ({self.runnable.path.name})" if isinstance(self.runnable, LlamaCppModel) else ""
+        return f"{name}{file}: {self.reason}"
+
+
+def torch_step_seconds(model: PreTrainedModel, tuning: Tuning, *, repeats: int = 5) -> float:
+    """Seconds of one cached one-token step of `model` in torch: its width
+    plan's, where it was timed, else measured now after 48 tokens."""
+    if tuning.one_token_step is not None:
+        return tuning.one_token_step
+    runnable = TorchModel(model, tuning)
+    runtime = runnable.open()
+    ids = torch.arange(1000, 1049) % runnable.width
+    runtime.score(ids[:48], 1, runnable.width)
+    timings = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        runtime.score(ids, 1, runnable.width)
+        timings.append(time.perf_counter() - started)
+        runtime.rollback_to(48)
+    return statistics.median(timings)
+
+
+def _same_text(
+    model: PreTrainedModel,
+    tuning: Tuning,
+    llama: LlamaCppModel,
+    prompts: Sequence[list[int]],
+    eos_token_ids: Sequence[int],
+) -> int | None:
+    """None when llama.cpp's greedy text equals torch's on every prompt, else
+    the index of the first prompt where it differs."""
+    options = {"max_gen_len": CALIBRATION_TOKENS, "eos_tokens_id": list(eos_token_ids)}
+    for index, ids in enumerate(prompts):
+        in_torch = autoregressive_generate(ids, model, tuning=tuning, **options)
+        in_llamacpp = autoregressive_generate(ids, llama, **options)
+        if in_torch.token_ids != in_llamacpp.token_ids:
+            return index
+    return None
+
+
+def choose_target_runtime(
+    requested: str,
+    model: PreTrainedModel,
+    tuning: Tuning,
+    gguf: Path | None,
+    *,
+    context_length: int,
+    calibration: Sequence[list[int]] = (),
+    eos_token_ids: Sequence[int] = (),
+    threads: int | None = None,
+) -> TargetChoice:
+    """What runs the target `model` (whose exact weights the GGUF file `gguf`
+    holds, or None): see the module docstring."""
+    if requested not in TARGET_RUNTIMES:
+        raise ValueError(f"runtime must be one of {', '.join(TARGET_RUNTIMES)}, got {requested!r}")
+    in_torch = TorchModel(model, tuning)
+    if requested == "torch":
+        return TargetChoice(in_torch, "asked for")
+    threads = threads or torch.get_num_threads()
+    device = next(model.parameters()).device
+    if requested == "auto" and device.type != "cpu":
+        return TargetChoice(in_torch, f"the target runs on {device.type}; llama.cpp on the CPU")
+    try:
+        llama = LlamaCppModel(gguf, context_length=context_length, threads=threads)
+    except LlamaCppUnavailable as error:
+        if requested == "llamacpp":
+            raise
+        return TargetChoice(in_torch, str(error))
+    widths = llama.time_widths(MAX_WIDTH)
+    if requested == "llamacpp":
+        return TargetChoice(llama, "asked for", {"llamacpp": widths[0]})
+    seconds = {"llamacpp": widths[0], "torch": torch_step_seconds(model, tuning)}
+    ratio = seconds["llamacpp"] / seconds["torch"]
+    if ratio >= 1:
+        return TargetChoice(in_torch, f"llama.cpp's step measured {ratio:.2f}x torch's", seconds)
+    differs = _same_text(model, tuning, llama, calibration, eos_token_ids)
+    if differs is not None:
+        return TargetChoice(
+            in_torch,
+            f"llama.cpp's greedy text differs from torch's on calibration prompt {differs + 1}",
+            seconds,
+        )
+    checked = f", the same text on {len(calibration)} prompts" if calibration else ""
+    return TargetChoice(llama, f"a step costs {ratio:.2f} of torch's, measured{checked}", seconds)

@@ -1,0 +1,282 @@
+"""The target in llama.cpp (`engine/llamacpp_runtime.py`): the same weights give
+the same logits as torch; greedy speculative output equals the llama.cpp
+target alone for every drafter kind, gamma, cache setting and across a chat;
+sampling follows the target's exact law (chi-square, with a negative
+control); a drafter that reads features is refused; the embedded model's
+float32 GGUF runs the target's exact weights.
+
+Tiny GGUF files are written here from tiny torch models (`testing.tiny_gguf`).
+The tests need llama-cpp-python (`bash scripts/setup.sh` builds it); they are
+skipped without it, unless SPECREPL_REQUIRE_LLAMACPP=1 (as in CI).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from specrepl.engine.drafters.base import Drafter
+from specrepl.engine.drafters.lookup import LookupDrafter
+from specrepl.engine.drafters.model import ModelDrafter
+from specrepl.engine.drafters.ngram import NgramDrafter
+from specrepl.engine.gamma import make_policy
+from specrepl.engine.generation import autoregressive_generate, speculative_generate
+from specrepl.engine.llamacpp_runtime import LlamaCppModel
+from specrepl.engine.processors import GreedyProcessor, TopKProcessor
+from specrepl.engine.prompt_cache import PromptCache
+from specrepl.engine.runtime import FeaturesUnavailable, TorchModel
+from specrepl.testing import (
+    assert_speculative_sampling_is_exact,
+    perturbed_copy,
+    tiny_gguf,
+    tiny_llama,
+)
+
+HAS_LLAMA_CPP = importlib.util.find_spec("llama_cpp") is not None
+REQUIRED = os.environ.get("SPECREPL_REQUIRE_LLAMACPP") == "1"
+pytestmark = pytest.mark.skipif(
+    not HAS_LLAMA_CPP and not REQUIRED, reason="llama-cpp-python is not installed"
+)
+
+VOCAB = 300
+PROMPT = [1, 2, 264, 290, 271, 280, 290, 271, 3, 2, 266]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[torch.nn.Module, LlamaCppModel]:
+    model = tiny_llama(VOCAB, hidden_size=64, num_layers=2, sharpness=6.0)
+    path = tiny_gguf(model, tmp_path_factory.mktemp("gguf") / "tiny.gguf")
+    return model, LlamaCppModel(path, context_length=256, threads=1)
+
+
+def test_the_same_weights_give_the_same_logits_in_both_runtimes(tiny) -> None:
+    model, llama = tiny
+    sequence = torch.tensor(PROMPT)
+    expected, _ = TorchModel(model).open().score(sequence, len(PROMPT), VOCAB)
+    logits, features = llama.open().score(sequence, len(PROMPT), VOCAB)
+    assert features is None
+    assert logits.shape == (len(PROMPT), VOCAB)
+    torch.testing.assert_close(logits, expected, atol=1e-3, rtol=1e-3)
+
+
+def test_a_pass_reads_only_what_the_runtime_does_not_hold_and_rolls_back(tiny) -> None:
+    _, llama = tiny
+    whole = llama.open()
+    expected, _ = whole.score(torch.tensor(PROMPT), 3, VOCAB)
+    runtime = llama.open()
+    runtime.score(torch.tensor(PROMPT[:5]), 1, VOCAB)
+    assert runtime.length == 5
+    runtime.score(torch.tensor([*PROMPT[:5], 30, 31]), 2, VOCAB)  # drafts, then rejected
+    runtime.rollback_to(5)
+    assert runtime.held() == PROMPT[:5]
+    logits, _ = runtime.score(torch.tensor(PROMPT), 3, VOCAB)
+    torch.testing.assert_close(logits, expected, atol=1e-4, rtol=1e-4)
+    with pytest.raises(RuntimeError, match=r"nothing to feed"):
+        runtime.score(torch.tensor(PROMPT), 1, VOCAB)
+
+
+def test_greedy_text_is_the_same_in_torch_and_llamacpp(tiny) -> None:
+    model, llama = tiny
+    options = {"eos_tokens_id": 3, "vocab_size": VOCAB}
+    in_torch = autoregressive_generate(PROMPT, model, max_gen_len=40, **options)
+    in_llamacpp = autoregressive_generate(PROMPT, llama, max_gen_len=40, **options)
+    assert in_llamacpp.token_ids == in_torch.token_ids
+
+
+def drafters(model: torch.nn.Module) -> dict[str, Drafter]:
+    return {
+        "model": ModelDrafter(perturbed_copy(model, 0.3)),
+        "lookup": LookupDrafter(),
+        "ngram": NgramDrafter(),
+    }
+
+
+@pytest.mark.parametrize("kind", ["model", "lookup", "ngram"])
+@pytest.mark.parametrize("gamma", [1, 4, 16, "auto:8"])
+@pytest.mark.parametrize("use_cache", [True, False])
+def test_greedy_speculative_equals_the_llamacpp_target(tiny, kind, gamma, use_cache) -> None:
+    model, llama = tiny
+    options = {"eos_tokens_id": 3, "vocab_size": VOCAB, "use_cache": use_cache}
+    reference = autoregressive_generate(PROMPT, llama, max_gen_len=40, **options)
+    policy = make_policy("auto", 8) if gamma == "auto:8" else gamma
+    drafter = drafters(model)[kind]
+    result = speculative_generate(PROMPT, drafter, llama, gamma=policy, max_gen_len=40, **options)
+    assert result.token_ids == reference.token_ids
+    assert result.steps < len(result.token_ids) or kind != "model"
+
+
+@pytest.mark.parametrize("kind", ["model", "lookup", "ngram"])
+def test_a_chat_keeps_the_llamacpp_context_and_stays_exact(tiny, kind) -> None:
+    model, llama = tiny
+    options = {"eos_tokens_id": 3, "vocab_size": VOCAB}
+    kept, drafter = PromptCache(), drafters(model)[kind]
+    history = list(PROMPT)
+    for turn in range(3):
+        ids = [*history, 2, 265, 270 + turn, 281]
+        reference = autoregressive_generate(ids, llama, max_gen_len=16, **options)
+        result = speculative_generate(
+            ids, drafter, llama, gamma=4, max_gen_len=16, prompt_cache=kept, **options
+        )
+        assert result.token_ids == reference.token_ids, turn
+        if turn:
+            assert result.reused_prompt_tokens >= len(history) - 1
+        history = [*ids, *result.token_ids]
+
+
+def test_sampling_follows_the_llamacpp_targets_law(tiny) -> None:
+    model, llama = tiny
+    drafter = ModelDrafter(perturbed_copy(model, 0.5, seed=1))
+    options = {"eos_tokens_id": None, "vocab_size": VOCAB}
+    # the law is computed by torch on the same weights (logits equal within 1e-3)
+    assert_speculative_sampling_is_exact(
+        llama, drafter, PROMPT, TopKProcessor(top_k=3), options, law_model=model
+    )
+
+
+def test_the_law_test_sees_a_target_whose_law_is_not_the_one_enumerated(
+    tiny, tmp_path: Path
+) -> None:
+    """Negative control: the same test, run against a llama.cpp target whose
+    weights differ from those the law is enumerated with, fails."""
+    model, _ = tiny
+    other = LlamaCppModel(
+        tiny_gguf(perturbed_copy(model, 0.3, seed=2), tmp_path / "other.gguf"), context_length=256
+    )
+    drafter = ModelDrafter(perturbed_copy(model, 0.5, seed=1))
+    options = {"eos_tokens_id": None, "vocab_size": VOCAB}
+    with pytest.raises(AssertionError, match=r"^\(|allow"):  # the law's test, not a count's
+        assert_speculative_sampling_is_exact(
+            other, drafter, PROMPT, TopKProcessor(top_k=3), options, law_model=model
+        )
+
+
+def test_a_drafter_that_reads_features_is_refused(tiny) -> None:
+    _, llama = tiny
+
+    drafter = LookupDrafter()
+    drafter.uses_target_features = True  # as a draft head declares
+    with pytest.raises(FeaturesUnavailable, match=r"llama\.cpp"):
+        speculative_generate(PROMPT, drafter, llama, gamma=2, max_gen_len=4)
+
+
+def test_widths_are_timed_for_the_gamma_policy(tiny) -> None:
+    _, llama = tiny
+    seconds = llama.time_widths(5, context=16, repeats=1)
+    assert sorted(seconds) == [0, 1, 2, 3, 4]
+    assert all(value > 0 for value in seconds.values())
+    assert llama.open().step_seconds() == seconds
+
+
+def test_greedy_is_unchanged_by_the_processor_object(tiny) -> None:
+    _, llama = tiny
+    options = {"eos_tokens_id": 3, "vocab_size": VOCAB}
+    plain = autoregressive_generate(PROMPT, llama, max_gen_len=12, **options)
+    explicit = autoregressive_generate(
+        PROMPT, llama, max_gen_len=12, logits_processor=GreedyProcessor(), **options
+    )
+    assert plain.token_ids == explicit.token_ids
+
+
+def test_a_float_file_is_its_own_float32_copy(tiny, tmp_path: Path) -> None:
+    from specrepl.models.gguf_f32 import float32_gguf
+
+    _, llama = tiny
+    assert float32_gguf(llama.path, cache_dir=tmp_path) == llama.path
+
+
+@pytest.fixture(scope="module")
+def embedded_f32(embedded_pair) -> LlamaCppModel:
+    """The embedded model's float32 GGUF (written once from its 4-bit file) in llama.cpp."""
+    from specrepl.models.gguf_f32 import float32_gguf
+
+    path = float32_gguf(embedded_pair.target.gguf)
+    return LlamaCppModel(path, context_length=2048)
+
+
+def test_the_embedded_float32_file_gives_the_torch_targets_text(embedded_pair, embedded_f32):
+    """The float32 copy holds exactly the weights torch de-quantized: the same greedy
+    tokens as the torch target, and the copy in llama.cpp drafting against it
+    gives them too."""
+    from specrepl.engine.drafters.llamacpp import LlamaCppDrafter
+    from specrepl.engine.llamacpp import open_gguf
+    from specrepl.models.prompting import prompt_ids
+
+    target = embedded_pair.target
+    options = embedded_pair.generation_options(use_cache=True)
+    copy = LlamaCppDrafter(open_gguf(target.gguf, context_length=2048))
+    kept = PromptCache()
+    for text in ("Name three colours of the rainbow.", "Write one sentence about the sea."):
+        ids = prompt_ids(embedded_pair.tokenizer, text, chat=True, system_prompt=None)
+        in_torch = autoregressive_generate(ids, target.model, max_gen_len=32, **options)
+        alone = autoregressive_generate(ids, embedded_f32, max_gen_len=32, **options)
+        assert alone.token_ids == in_torch.token_ids
+        result = speculative_generate(
+            ids, copy, embedded_f32, gamma=make_policy("auto", 16), max_gen_len=32,
+            prompt_cache=kept, **options,
+        )  # fmt: skip
+        assert result.token_ids == in_torch.token_ids
+        assert result.accepted > 0
+
+
+def test_bench_runs_the_exact_peer_and_the_target_in_llamacpp(embedded_pair) -> None:
+    """`--target-runtime llamacpp`: bench's target-only and speculative methods run
+    the float32 file in llama.cpp, and its default peer (llama.cpp alone on the
+    same file) gives the same tokens."""
+    from specrepl.chat.settings import Settings
+    from specrepl.measure.bench.options import DEFAULT_PEERS, BenchOptions
+    from specrepl.measure.bench.prompts import BenchPrompt
+    from specrepl.measure.bench.runner import Benchmark
+
+    settings = Settings(max_new_tokens=16, drafter_kind="lookup", target_runtime="llamacpp")
+    options = BenchOptions(settings, peers=DEFAULT_PEERS, warmup=0, tune_widths=False)
+    benchmark = Benchmark(embedded_pair, options)
+    assert [m.name for m in benchmark.methods] == ["target", "speculative", "llamacpp_exact"]
+    assert benchmark.methods[0].settings["target_runtime"].startswith("llama.cpp")
+    records = benchmark.run([BenchPrompt(1, "writing", ("Name three colours of the rainbow.",))])
+    assert benchmark.unavailable == {}, benchmark.unavailable
+    runs = records[0].runs
+    assert runs["llamacpp_exact"].token_ids == runs["target"].token_ids
+    assert runs["speculative"].token_ids == runs["target"].token_ids
+
+
+def test_auto_takes_llamacpp_only_where_faster_and_the_text_is_the_same(
+    tiny, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import specrepl.engine.target_choice as target_choice
+    from specrepl.engine.tuning import Tuning
+
+    model, llama = tiny
+    prompts = [PROMPT, [1, 2, 265, 268, 273, 281]]
+    slow_torch = 10.0  # seconds: torch's step as if it were far dearer than llama.cpp's
+    monkeypatch.setattr(target_choice, "torch_step_seconds", lambda *a, **k: slow_torch)
+    choose = target_choice.choose_target_runtime
+    same = choose("auto", model, Tuning(), llama.path, context_length=256, calibration=prompts)
+    assert same.runtime == "llamacpp", same.reason
+    assert "the same text on 2 prompts" in same.reason
+    other = tiny_gguf(perturbed_copy(model, 0.6, seed=3), tmp_path / "other.gguf")
+    differs = choose("auto", model, Tuning(), other, context_length=256, calibration=prompts)
+    assert differs.runtime == "torch"
+    assert "greedy text differs from torch's on calibration prompt" in differs.reason
+    monkeypatch.setattr(target_choice, "torch_step_seconds", lambda *a, **k: 1e-9)
+    slower = choose("auto", model, Tuning(), llama.path, context_length=256, calibration=prompts)
+    assert slower.runtime == "torch" and "measured" in slower.reason
+    forced = choose("llamacpp", model, Tuning(), other, context_length=256)
+    assert forced.runtime == "llamacpp" and forced.reason == "asked for"
+    assert choose("torch", model, Tuning(), llama.path, context_length=256).runtime == "torch"
+
+
+def test_a_forced_runtime_that_cannot_run_is_refused_with_the_reason(pair) -> None:
+    from specrepl.chat.session import ChatSession
+    from specrepl.chat.settings import SettingError
+
+    session = ChatSession(pair)
+    with pytest.raises(SettingError, match=r"llama\.cpp cannot run the target: .*GGUF file"):
+        session.update(target_runtime="llamacpp")
+    assert session.settings.target_runtime == "torch"
+    session.update(target_runtime="auto")  # falls back to torch, saying why
+    assert session.target.choice(session.settings).runtime == "torch"
+    assert "GGUF" in (session.target.summary(session.settings) or "")
