@@ -25,6 +25,8 @@ def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     copy.mkdir(parents=True)
     (copy / "model.safetensors").write_bytes(b"\0" * 1000)  # no marker: damaged
     (root / "gguf" / f"{PARTIAL_PREFIX}model-0123-x").mkdir()
+    (root / "gguf-f32").mkdir()
+    (root / "gguf-f32" / "model-0123abcd-f32-v1.gguf").write_bytes(b"GGUF" + b"\0" * 96)
     now = time.time()
     plans = {
         "a": {"seconds": {"1": 0.01}, "measured_at": now, "spread": 0.01},
@@ -54,6 +56,7 @@ def test_every_kind_is_listed_with_its_state(cache: Path) -> None:
     models = {item.path.name: item for item in items if item.kind == "models"}
     assert not models["model-0123"].healthy and "damaged" in models["model-0123"].state
     assert "unfinished" in models[f"{PARTIAL_PREFIX}model-0123-x"].state
+    assert "float32 GGUF file for llama.cpp" in models["model-0123abcd-f32-v1.gguf"].state
     assert states("widths") == ["2 plans, 1 to be measured again (older than 30 days or undated)"]
     assert states("choices") == ["1 choice"]
     assert states("distill") == ["2 prompts, 1 answer shard"]
@@ -81,6 +84,7 @@ def test_clear_removes_only_the_kinds_named(cache: Path) -> None:
     assert {item.kind for item in removed} == {"models", "widths"}
     assert not (cache / "widths.json").exists()
     assert list((cache / "gguf").iterdir()) == []
+    assert list((cache / "gguf-f32").iterdir()) == []
     assert {item.kind for item in stored_items()} == {"choices", "distill", "history", "llamacpp"}
 
 

@@ -296,7 +296,8 @@ def _main(argv: Sequence[str] | None) -> int:
     renderer = front.view
     try:
         if not args.json:
-            renderer.loaded(session.pair, session.head_summary(), session.runtime_summary())
+            target = session.target.summary(session.settings)
+            renderer.loaded(session.pair, session.head_summary(), session.runtime_summary(), target)
         if args.prompt is not None:
             return _one_shot(config, session, renderer, args)
         # the REPL handles Ctrl-C itself; one can still land in its welcome or goodbye

@@ -3,7 +3,8 @@
 Six kinds of state outlive a run, all of them re-computable:
 
 - `models`: converted copies of GGUF models (`<cache>/gguf/`, see
-  models/gguf.py), checked here as on every load;
+  models/gguf.py), checked here as on every load, and the float32 GGUF files
+  written for llama.cpp (`<cache>/gguf-f32/`, models/gguf_f32.py);
 - `widths`: the forward-width timings per model and machine
   (`<cache>/widths.json`, see engine/widths.py);
 - `choices`: whether a hybrid with head "auto" drafted faster with the draft
@@ -41,12 +42,14 @@ from specrepl.app.render.formatting import format_bytes
 from specrepl.chat.draft_choice import MAX_CHOICE_AGE_DAYS
 from specrepl.engine.signals import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
 from specrepl.models.gguf import PARTIAL_PREFIX, check_copy, discard
+from specrepl.models.gguf_f32 import is_float32_copy
 from specrepl.models.width_plans import MAX_PLAN_AGE_DAYS
 from specrepl.store.paths import (
     DISTILL_CHECKPOINT_FILE,
     cache_root,
     distill_root,
     draft_choices_file,
+    float32_copies_dir,
     history_file,
     llamacpp_trials_file,
     model_copies_dir,
@@ -72,7 +75,8 @@ class StoredItem:
 
 def stored_items() -> list[StoredItem]:
     """Everything specrepl keeps, kind by kind (what does not exist is left out)."""
-    items = _model_copies(model_copies_dir()) + _width_plans(width_plans_file())
+    items = _model_copies(model_copies_dir()) + _float32_copies(float32_copies_dir())
+    items += _width_plans(width_plans_file())
     items += _draft_choices(draft_choices_file())
     items += _distill_runs(distill_root())
     history = history_file()
@@ -88,7 +92,7 @@ def clear(kinds: Sequence[str]) -> list[StoredItem]:
     for item in stored_items():
         if item.kind not in kinds:
             continue
-        if item.kind == "models":
+        if item.kind == "models" and item.path.is_dir():
             discard(item.path)  # the marker first: a half-removed copy is never taken as whole
         elif item.path.is_dir():
             shutil.rmtree(item.path, ignore_errors=True)
@@ -96,6 +100,12 @@ def clear(kinds: Sequence[str]) -> list[StoredItem]:
             item.path.unlink(missing_ok=True)
         removed.append(item)
     return removed
+
+
+def _float32_copies(directory: Path) -> list[StoredItem]:
+    state = "a float32 GGUF file for llama.cpp (written again when needed)"
+    files = sorted(directory.iterdir()) if directory.is_dir() else []
+    return [StoredItem("models", f, _size(f), state) for f in files if is_float32_copy(f)]
 
 
 def _model_copies(directory: Path) -> list[StoredItem]:

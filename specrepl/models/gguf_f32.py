@@ -6,7 +6,7 @@ blocks decode to. For llama.cpp to run that same model (the same greedy text,
 and the fastest plain run of it on a CPU) it needs those float32 weights in
 a GGUF file: `float32_gguf` writes one from the quantized file's own
 tensors, every metadata field copied, once per file, under the cache root
-(`<cache>/models/`, keyed by the source file's fingerprint), written under a
+(`<cache>/gguf-f32/`, keyed by the source file's fingerprint), written under a
 temporary name and renamed into place. A file already in float32 or float16
 (or bfloat16) is its own answer.
 
@@ -23,9 +23,9 @@ import numpy as np
 from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter
 from gguf.quants import dequantize
 
-from specrepl.store.paths import fingerprint, model_copies_dir
+from specrepl.store.paths import fingerprint, float32_copies_dir
 
-__all__ = ["FLOAT_TYPES", "float32_gguf", "is_float_file"]
+__all__ = ["FLOAT_TYPES", "float32_gguf", "is_float32_copy", "is_float_file"]
 
 FLOAT_TYPES = frozenset({"F32", "F16", "BF16"})
 FORMAT = 1
@@ -33,6 +33,11 @@ FORMAT = 1
 
 def _float_file(reader: GGUFReader) -> bool:
     return all(tensor.tensor_type.name in FLOAT_TYPES for tensor in reader.tensors)
+
+
+def is_float32_copy(path: Path) -> bool:
+    """Whether `path` is a float32 file this module wrote."""
+    return path.is_file() and path.name.endswith(f"-f32-v{FORMAT}.gguf")
 
 
 def is_float_file(path: Path) -> bool:
@@ -46,7 +51,7 @@ def float32_gguf(path: Path, *, cache_dir: Path | None = None) -> Path:
     reader = GGUFReader(str(path))
     if _float_file(reader):
         return path
-    folder = cache_dir or model_copies_dir()
+    folder = cache_dir or float32_copies_dir()
     out = folder / f"{path.stem}-{fingerprint(path)[:16]}-f32-v{FORMAT}.gguf"
     if out.is_file():
         return out

@@ -68,6 +68,12 @@ def model_copies_dir() -> Path:
     return cache_root() / "gguf"
 
 
+def float32_copies_dir() -> Path:
+    """Float32 GGUF files written from quantized ones, for llama.cpp to run a
+    target's exact weights."""
+    return cache_root() / "gguf-f32"
+
+
 def width_plans_file() -> Path:
     """The forward-width timings, per model and machine."""
     return cache_root() / "widths.json"

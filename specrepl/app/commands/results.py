@@ -65,6 +65,8 @@ class ShowModels:
     """The draft head in use, if any: its head.json plus "path"."""
     runtime: str | None = None
     """What runs the drafter model and why, once chosen (`ChatSession.runtime_summary`)."""
+    target_runtime: str | None = None
+    """What runs the target and why, once chosen (`ChatTarget.summary`)."""
 
 
 @dataclass(frozen=True)

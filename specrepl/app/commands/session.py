@@ -46,7 +46,8 @@ def _config(session: ChatSession, values: Mapping[str, Any]) -> CommandResult:
 
 @REGISTRY.command("models", help="show the loaded target and drafter", needs_models=True)
 def _models(session: ChatSession, values: Mapping[str, Any]) -> CommandResult:
-    return ShowModels(session.pair, session.head_summary(), session.runtime_summary())
+    target = session.target.summary(session.settings)
+    return ShowModels(session.pair, session.head_summary(), session.runtime_summary(), target)
 
 
 @REGISTRY.command(

@@ -21,12 +21,16 @@ __all__ = ["models_table"]
 
 
 def models_table(
-    pair: ModelPair, head: dict[str, Any] | None = None, runtime: str | None = None
+    pair: ModelPair,
+    head: dict[str, Any] | None = None,
+    runtime: str | None = None,
+    target_runtime: str | None = None,
 ) -> RenderableType:
     """The target and the drafter (name, dtype, quantization, size, memory, load time),
     the draft head if one drafts (`head`: its head.json plus "path", and "chosen":
     why a hybrid drafts with it rather than the model), what runs the
-    drafter model (`runtime`), and the device, vocabulary, context and end tokens."""
+    drafter model (`runtime`) and the target (`target_runtime`), and the
+    device, vocabulary, context and end tokens."""
     table = plain_table()
     table.add_column("", style="bold")
     table.add_column("model")
@@ -48,7 +52,9 @@ def models_table(
         name = Text(model.name)
         if model.kind != model.name:
             name.append(f" ({model.kind})", style="dim")
-        if role == "drafter" and runtime is not None:
+        if role == "target" and target_runtime is not None:
+            name.append(f" (runs in {target_runtime})", style="dim")
+        elif role == "drafter" and runtime is not None:
             name.append(f" (drafts in {runtime})", style="dim")
         elif role == "drafter" and head is not None:
             name.append(" (the draft head drafts instead; this one: /drafter_gen)", style="dim")

@@ -106,10 +106,15 @@ class Renderer:
             yield lambda message: console.print(Text(f"  {message}", style="dim"))
 
     def loaded(
-        self, pair: ModelPair, head: dict[str, Any] | None = None, runtime: str | None = None
+        self,
+        pair: ModelPair,
+        head: dict[str, Any] | None = None,
+        runtime: str | None = None,
+        target_runtime: str | None = None,
     ) -> None:
-        """The loaded models; `runtime`: what runs the drafter model and why, once chosen."""
-        self.console.print(models_table(pair, head, runtime))
+        """The loaded models; `runtime` and `target_runtime`: what runs the drafter
+        model and the target and why, once chosen."""
+        self.console.print(models_table(pair, head, runtime, target_runtime))
 
     def welcome(self, interactive: bool) -> None:
         keys = " Ctrl-C stops a generation, Ctrl-D quits." if interactive else ""
@@ -140,7 +145,8 @@ class Renderer:
     def models_arrived(self, arrived: ModelsArrived) -> None:
         """The models loaded in the background: the same table as a foreground start."""
         session = arrived.session
-        self.loaded(session.pair, session.head_summary(), session.runtime_summary())
+        target = session.target.summary(session.settings)
+        self.loaded(session.pair, session.head_summary(), session.runtime_summary(), target)
         self.console.print(f"Models ready after {arrived.seconds:.1f} s.", style="dim")
         for notice in arrived.notices:
             self.error(notice)
@@ -239,7 +245,8 @@ class Renderer:
 
     @show.register
     def _(self, result: ShowModels) -> None:
-        self.console.print(models_table(result.pair, result.head, result.runtime))
+        table = models_table(result.pair, result.head, result.runtime, result.target_runtime)
+        self.console.print(table)
 
     @show.register
     def _(self, result: ShowDraftSource) -> None:
