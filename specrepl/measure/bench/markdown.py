@@ -47,9 +47,10 @@ __all__ = [
 ]
 
 LLAMACPP_NOTE = (
-    "llama.cpp runs the GGUF file's quantized weights with its own kernels, specrepl "
-    "their float32 de-quantized values, so their greedy texts may differ: 'same' "
-    "counts the prompts where llama.cpp's matches specrepl's token for token."
+    "llama.cpp (plain, prompt lookup) runs the GGUF file's quantized weights with its own "
+    "kernels, specrepl their float32 de-quantized values, so their greedy texts may differ; "
+    "'the target's exact weights' runs a float32 GGUF file of those values: 'same' counts "
+    "the prompts where llama.cpp's tokens match specrepl's target token for token."
 )
 
 SCHEMA_PREFIX = "specrepl-bench/"
