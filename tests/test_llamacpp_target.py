@@ -280,3 +280,23 @@ def test_a_forced_runtime_that_cannot_run_is_refused_with_the_reason(pair) -> No
     session.update(target_runtime="auto")  # falls back to torch, saying why
     assert session.target.choice(session.settings).runtime == "torch"
     assert "GGUF" in (session.target.summary(session.settings) or "")
+
+
+def test_a_chat_session_runs_both_generators_on_the_llamacpp_target(embedded_pair) -> None:
+    """The REPL's session with `target_runtime llamacpp`: the speculative run and the
+    target alone both verify in llama.cpp, their tokens agree turn after turn with
+    the caches kept, and /models' summary names the runtime."""
+    from specrepl.chat.session import ChatSession
+    from specrepl.chat.settings import Settings
+
+    settings = Settings(max_new_tokens=24, drafter_kind="lookup", target_runtime="llamacpp")
+    session = ChatSession(embedded_pair, settings)
+    assert session.target.choice(session.settings).runtime == "llamacpp"
+    assert "llama.cpp" in (session.target.summary(session.settings) or "")
+    for prompt in ("Name three colours.", "Now name three more, in the same format."):
+        answer = session.answer(prompt)
+        assert answer.refusal is None
+        speculative, alone = answer.runs["speculative"], answer.runs["target"]
+        assert speculative.result.token_ids == alone.result.token_ids
+        assert speculative.result.token_ids
+    assert session.kept_caches()["target"] > 0
