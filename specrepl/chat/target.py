@@ -87,9 +87,9 @@ class ChatTarget:
                     raise LlamaCppUnavailable(
                         f"no float32 GGUF file could be written from {target.gguf.name}: {error}"
                     ) from error
-        calibration = [
+        calibration = [  # only `auto` compares the texts
             prompt_ids(self.pair.tokenizer, text, chat=True, system_prompt=None)
-            for text in CALIBRATION_PROMPTS
+            for text in (CALIBRATION_PROMPTS if requested == "auto" else ())
         ]
         return choose_target_runtime(
             requested,

@@ -149,19 +149,17 @@ def _target_runtime(
     that cannot give features refuses such a drafter."""
     at_most = None
     if drafter is not None and drafter.uses_target_features:
+        if not target.gives_features:  # refused before a kept runtime is taken
+            raise FeaturesUnavailable(
+                f"the drafter {drafter.name!r} reads the target's features, which the target's "
+                f"{target.runtime_name} runtime does not give: run the target in torch"
+            )
         at_most = drafter.features_held()
     if not use_cache:
-        runtime, reused = target.open(use_cache=False), 0
-    elif prompt_cache is None:
-        runtime, reused = target.open(), 0
-    else:
-        runtime, reused = prompt_cache.take(target, inputs, at_most)
-    if at_most is not None and not runtime.gives_features:
-        raise FeaturesUnavailable(
-            f"the drafter {drafter.name!r} reads the target's features, which the target's "
-            f"{runtime.name} runtime does not give: run the target in torch"
-        )
-    return runtime, reused
+        return target.open(use_cache=False), 0
+    if prompt_cache is None:
+        return target.open(), 0
+    return prompt_cache.take(target, inputs, at_most)
 
 
 def _collect(

@@ -80,6 +80,8 @@ class LlamaCppModel(RunnableModel):
     `llamacpp.LlamaCppUnavailable` saying why it cannot run here.
     """
 
+    runtime_name = "llama.cpp"
+
     def __init__(
         self,
         path: Path | None,
@@ -144,7 +146,6 @@ class LlamaCppRuntime(ModelRuntime):
     so that each pass reads the whole sequence, as torch does without a cache."""
 
     name = "llama.cpp"
-    gives_features = False
 
     def __init__(self, model: LlamaCppModel, context: _Context, *, keeps: bool = True) -> None:
         self._model = model

@@ -48,8 +48,6 @@ class ModelRuntime(ABC):
     """One model's state over a prefix of one sequence (see the module docstring)."""
 
     name: str = "runtime"
-    gives_features: bool = False
-    """Whether `score(..., features=True)` returns the model's hidden states."""
 
     @property
     @abstractmethod
@@ -97,6 +95,10 @@ class RunnableModel(ABC):
     """Logits per position (a padded vocabulary counts its padding)."""
     context: int | None
     """Positions the model can hold (None: not stated)."""
+    runtime_name: str = "runtime"
+    """What runs it, in words ("torch", "llama.cpp")."""
+    gives_features: bool = False
+    """Whether its runtimes' `score(..., features=True)` return the model's hidden states."""
 
     @abstractmethod
     def open(self, *, use_cache: bool = True) -> ModelRuntime:
@@ -109,6 +111,9 @@ class RunnableModel(ABC):
 
 class TorchModel(RunnableModel):
     """A transformers causal LM run eagerly, with its `Tuning`."""
+
+    runtime_name = "torch"
+    gives_features = True
 
     def __init__(self, model: PreTrainedModel, tuning: Tuning | None = None) -> None:
         self.model = model
@@ -133,7 +138,6 @@ class TorchRuntime(ModelRuntime):
     the whole sequence). Its passes run as its model's `Tuning` says."""
 
     name = "torch"
-    gives_features = True
 
     def __init__(self, model: TorchModel, cache: DynamicCache | None) -> None:
         self._model = model

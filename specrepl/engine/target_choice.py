@@ -18,8 +18,6 @@ This module knows nothing of settings or of drafters.
 
 from __future__ import annotations
 
-import statistics
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,6 +31,7 @@ from specrepl.engine.llamacpp_runtime import LlamaCppModel
 from specrepl.engine.runtime import RunnableModel, TorchModel
 from specrepl.engine.runtime_options import TARGET_RUNTIMES
 from specrepl.engine.tuning import Tuning
+from specrepl.engine.widths import measure_widths
 
 __all__ = ["TARGET_RUNTIMES", "TargetChoice", "choose_target_runtime", "torch_step_seconds"]
 
@@ -66,17 +65,7 @@ def torch_step_seconds(model: PreTrainedModel, tuning: Tuning, *, repeats: int =
     plan's, where it was timed, else measured now after 48 tokens."""
     if tuning.one_token_step is not None:
         return tuning.one_token_step
-    runnable = TorchModel(model, tuning)
-    runtime = runnable.open()
-    ids = torch.arange(1000, 1049) % runnable.width
-    runtime.score(ids[:48], 1, runnable.width)
-    timings = []
-    for _ in range(repeats):
-        started = time.perf_counter()
-        runtime.score(ids, 1, runnable.width)
-        timings.append(time.perf_counter() - started)
-        runtime.rollback_to(48)
-    return statistics.median(timings)
+    return measure_widths(model, 1, repeats=repeats, forms=tuning.forms)[1]
 
 
 def _same_text(

@@ -25,7 +25,7 @@ from gguf.quants import dequantize
 
 from specrepl.store.paths import fingerprint, float32_copies_dir
 
-__all__ = ["FLOAT_TYPES", "float32_gguf", "is_float32_copy", "is_float_file"]
+__all__ = ["FLOAT_TYPES", "float32_gguf", "is_float32_copy"]
 
 FLOAT_TYPES = frozenset({"F32", "F16", "BF16"})
 FORMAT = 1
@@ -38,11 +38,6 @@ def _float_file(reader: GGUFReader) -> bool:
 def is_float32_copy(path: Path) -> bool:
     """Whether `path` is a float32 file this module wrote."""
     return path.is_file() and path.name.endswith(f"-f32-v{FORMAT}.gguf")
-
-
-def is_float_file(path: Path) -> bool:
-    """Whether every tensor of the GGUF file at `path` is float (F32, F16, BF16)."""
-    return _float_file(GGUFReader(str(path)))
 
 
 def float32_gguf(path: Path, *, cache_dir: Path | None = None) -> Path:

@@ -266,10 +266,13 @@ class LlamaCppPeer:
         self.options = options
         self.llama: LlamaCpp | None = None
         """The binding's models once `open` has loaded them."""
-        self.asked: set[str] = set()
+
+    @property
+    def asked(self) -> set[str]:
+        """The llama.cpp peers the options ask for."""
+        return set(self.options.peers) & self.PEERS
 
     def methods(self, peers: set[str]) -> list[Method]:
-        self.asked = peers & self.PEERS
         gguf = self.pair.target.gguf
         common = {"gguf": None if gguf is None else gguf.name, "threads": torch.get_num_threads()}
         gamma = self.options.settings.gamma
