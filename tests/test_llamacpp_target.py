@@ -317,3 +317,36 @@ def test_a_wide_pass_gives_the_one_token_passes_logits(embedded_f32) -> None:
     wide.score(torch.tensor(ids[:47]), 1, width)
     together, _ = wide.score(torch.tensor(ids), 17, width)
     assert float((singles - together).abs().max()) < 1e-3
+
+
+@pytest.mark.parametrize("drafter_runtime", ["llamacpp", "torch"])
+def test_a_copy_reads_within_a_window_when_the_target_hands_no_keys_and_values(
+    embedded_pair, drafter_runtime
+) -> None:
+    """The embedded copy takes a torch target's keys and values; a llama.cpp target
+    hands none, so the copy reads for itself, bounded in llama.cpp by the window
+    the llama.cpp target's own measured step gives (a pasted document is not read
+    whole at the copy's speed), and the text is still the target's."""
+    from specrepl.chat.session import ChatSession
+    from specrepl.chat.settings import Settings
+    from specrepl.engine.drafters.llamacpp import LlamaCppDrafter
+    from specrepl.engine.drafters.model import ModelDrafter
+
+    settings = Settings(max_new_tokens=16, drafter_kind="model", drafter_runtime=drafter_runtime)
+    session = ChatSession(embedded_pair, settings)
+    in_torch = session._drafter(session.settings)
+    assert in_torch.uses_target_cache
+    session.update(target_runtime="llamacpp")
+    verified_in_llamacpp = session._drafter(session.settings)
+    assert verified_in_llamacpp is not in_torch
+    assert not verified_in_llamacpp.uses_target_cache
+    if drafter_runtime == "llamacpp":
+        assert isinstance(verified_in_llamacpp, LlamaCppDrafter)
+        step = session.target.runnable(session.settings).one_token_seconds()
+        assert step is not None and step > 0
+        assert verified_in_llamacpp.window is not None
+    else:
+        assert isinstance(verified_in_llamacpp, ModelDrafter)
+    answer = session.answer("Name three colours.")
+    speculative, alone = answer.runs["speculative"], answer.runs["target"]
+    assert speculative.result.token_ids == alone.result.token_ids

@@ -42,6 +42,7 @@ from specrepl.engine.drafters.runtime import RuntimeChoice, choose_drafter_runti
 from specrepl.engine.gamma import GammaPolicy
 from specrepl.engine.llamacpp import LlamaCppUnavailable
 from specrepl.engine.prompt_cache import PromptCache
+from specrepl.engine.runtime import RunnableModel
 from specrepl.models.errors import ModelLoadError
 from specrepl.store.paths import draft_choices_file
 
@@ -68,6 +69,7 @@ class _BuiltFrom:
     model: int
     head: int
     runtime: int
+    target: int
 
 
 class ChatDrafters:
@@ -91,8 +93,9 @@ class ChatDrafters:
         settings = self.settled(settings)
         return drafter_spec(settings, self.pair, keep_between_prompts=keeps_drafter_state(settings))
 
-    def drafter(self, settings: Settings) -> Drafter:
-        """The drafter the settings ask for: the kept one (with its cache) while
+    def drafter(self, settings: Settings, target: RunnableModel | None = None) -> Drafter:
+        """The drafter the settings ask for, for verification by `target` (the
+        session's `ChatTarget.runnable`): the kept one (with its cache) while
         the spec and what it is built over stay the same; another one starts
         empty, and so does the speculative run's target cache."""
         settings = self.settled(settings)
@@ -103,10 +106,12 @@ class ChatDrafters:
         loaded = self.head(settings) if spec.options.needs_head else None
         head = None if loaded is None else loaded[0]
         runtime = self.runtime(settings)
-        built = _BuiltFrom(spec, id(model), id(head), id(runtime))
+        built = _BuiltFrom(spec, id(model), id(head), id(runtime), id(target))
         if self._kept is not None and self._kept[0] == built:
             return self._kept[1]
-        drafter = build_pair_drafter(spec, self.pair, model=model, head=head, runtime=runtime)
+        drafter = build_pair_drafter(
+            spec, self.pair, model=model, head=head, runtime=runtime, target=target
+        )
         self._caches["speculative"].drop()
         self._kept = (built, drafter)
         return drafter
@@ -349,11 +354,14 @@ def build_pair_drafter(
     model: PreTrainedModel | None,
     head: DraftHead | None = None,
     runtime: RuntimeChoice | None = None,
+    target: RunnableModel | None = None,
 ) -> Drafter:
     """`builder.build_drafter` over `pair`'s target and both models' tunings,
     with the drafter `model` (None where torch does not draft with it, so that
-    a released model is not loaded again for nothing), the loaded `head` and
-    the chosen `runtime`. The REPL's session and `bench` both build here."""
+    a released model is not loaded again for nothing), the loaded `head`, the
+    chosen `runtime` and the `target` that verifies (`ChatTarget.runnable`; a
+    llama.cpp target hands a copy no keys and values). The REPL's session and
+    `bench` both build here."""
     return build_drafter(
         spec,
         target=pair.target.model,
@@ -362,6 +370,7 @@ def build_pair_drafter(
         runtime=runtime,
         target_tuning=pair.target.tuning,
         model_tuning=None if pair.drafter is None else pair.drafter.tuning,
+        target_runnable=target,
     )
 
 

@@ -445,7 +445,7 @@ class ChatSession:
 
     def _drafter(self, settings: Settings) -> Drafter:
         """The drafter the settings ask for (`ChatDrafters.drafter`)."""
-        return self.drafters.drafter(settings)
+        return self.drafters.drafter(settings, self.target.runnable(settings))
 
     def drafter_runtime(self, settings: Settings | None = None) -> RuntimeChoice | None:
         """What runs the drafter model under `settings` (`ChatDrafters.runtime`)."""

@@ -127,6 +127,9 @@ class LlamaCppModel(RunnableModel):
         """Seconds of a pass with k drafts (k + 1 tokens) by k, once timed."""
         return self._seconds
 
+    def one_token_seconds(self) -> float | None:
+        return None if self._seconds is None else self._seconds.get(0)
+
     def time_widths(
         self, max_width: int, *, context: int = 48, repeats: int = 3
     ) -> dict[int, float]:

@@ -99,6 +99,12 @@ class RunnableModel(ABC):
     """What runs it, in words ("torch", "llama.cpp")."""
     gives_features: bool = False
     """Whether its runtimes' `score(..., features=True)` return the model's hidden states."""
+    gives_key_values: bool = False
+    """Whether its runtimes' `key_values()` hand a `DynamicCache` to a drafter that takes one."""
+
+    def one_token_seconds(self) -> float | None:
+        """Measured seconds of a one-token pass (None: not timed)."""
+        return None
 
     @abstractmethod
     def open(self, *, use_cache: bool = True) -> ModelRuntime:
@@ -114,6 +120,7 @@ class TorchModel(RunnableModel):
 
     runtime_name = "torch"
     gives_features = True
+    gives_key_values = True
 
     def __init__(self, model: PreTrainedModel, tuning: Tuning | None = None) -> None:
         self.model = model
@@ -121,6 +128,9 @@ class TorchModel(RunnableModel):
         self.device = model_device(model)
         self.width = logits_width(model)
         self.context = context_length(model)
+
+    def one_token_seconds(self) -> float | None:
+        return self.tuning.one_token_step
 
     def open(self, *, use_cache: bool = True) -> TorchRuntime:
         return TorchRuntime(self, new_cache(self.model) if use_cache else None)

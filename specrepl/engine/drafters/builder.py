@@ -18,7 +18,7 @@ chats.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -34,6 +34,7 @@ from specrepl.engine.drafters.model import ModelDrafter
 from specrepl.engine.drafters.ngram import NgramDrafter
 from specrepl.engine.drafters.options import DRAFTER_KINDS, DrafterOptions, names_auto_head
 from specrepl.engine.drafters.runtime import RuntimeChoice
+from specrepl.engine.runtime import RunnableModel
 from specrepl.engine.tuning import Tuning
 
 __all__ = ["DrafterSpec", "build_drafter", "load_drafter_head"]
@@ -70,6 +71,7 @@ def build_drafter(
     runtime: RuntimeChoice | None = None,
     target_tuning: Tuning | None = None,
     model_tuning: Tuning | None = None,
+    target_runnable: RunnableModel | None = None,
 ) -> Drafter:
     """The drafter `spec` describes. `model` is the drafter model, needed by
     the `model` kind and by `hybrid` without a head, unless `runtime` runs it
@@ -79,7 +81,15 @@ def build_drafter(
     drafter, for a copy, the target's keys and values, and `target_tuning`
     (the target's `Tuning`) its read window, from the target's timed step.
     `model_tuning` is the drafter model's, which a torch model drafter runs
-    with. Raises ValueError for an unknown kind or a missing model or head."""
+    with. `target_runnable` is what verifies, where the caller knows it: one
+    that hands no keys and values (llama.cpp) leaves a copy reading for
+    itself, and its own measured one-token step sets the read window. Raises
+    ValueError for an unknown kind or a missing model or head."""
+    step = None if target_tuning is None else target_tuning.one_token_step
+    if target_runnable is not None:
+        step = target_runnable.one_token_seconds()
+        if not target_runnable.gives_key_values:
+            spec = replace(spec, copy_of_target=False)
     options = spec.options
     if options.kind == "ngram":
         return NgramDrafter(
@@ -94,7 +104,7 @@ def build_drafter(
     if options.needs_head:
         drafter = _head_drafter(spec, head)
     else:
-        drafter = _model_drafter(spec, target, model, runtime, (target_tuning, model_tuning))
+        drafter = _model_drafter(spec, target, model, runtime, step, model_tuning)
     if options.kind == "hybrid":
         return HybridDrafter(drafter, LookupDrafter(options.max_ngram), min_match=options.min_match)
     return drafter
@@ -111,18 +121,19 @@ def _model_drafter(
     target: PreTrainedModel | None,
     model: PreTrainedModel | None,
     runtime: RuntimeChoice | None,
-    tunings: tuple[Tuning | None, Tuning | None],
+    target_step_seconds: float | None,
+    model_tuning: Tuning | None,
 ) -> Drafter:
-    """The drafter model's drafter: in llama.cpp where `runtime` runs it there, else in
-    torch; `tunings` are the target's and the drafter model's."""
-    target_tuning, model_tuning = tunings
+    """The drafter model's drafter: in llama.cpp where `runtime` runs it there
+    (its read window from the target's measured one-token step), else in
+    torch with the drafter model's tuning."""
     if runtime is not None:
         elsewhere = runtime.model_drafter(
             spec.options,
             target,
             keep_between_prompts=spec.keep_between_prompts,
             copy_of_target=spec.copy_of_target and spec.use_cache,
-            target_tuning=target_tuning,
+            target_step_seconds=target_step_seconds,
         )
         if elsewhere is not None:
             return elsewhere

@@ -26,7 +26,6 @@ from specrepl.engine.drafters.llamacpp import LlamaCppDrafter
 from specrepl.engine.drafters.llamacpp_kv import KvImporter, probe_importer
 from specrepl.engine.drafters.options import DRAFTER_RUNTIMES, DrafterOptions
 from specrepl.engine.llamacpp import LlamaCppUnavailable, open_gguf
-from specrepl.engine.tuning import Tuning
 from specrepl.engine.widths import measure_widths
 
 __all__ = [
@@ -116,7 +115,7 @@ class RuntimeChoice:
         *,
         keep_between_prompts: bool = False,
         copy_of_target: bool = False,
-        target_tuning: Tuning | None = None,
+        target_step_seconds: float | None = None,
     ) -> LlamaCppDrafter | None:
         """The drafter over llama.cpp to use in place of torch's, or None when
         torch drafts (`builder.build_drafter` asks, for every entry point).
@@ -126,18 +125,18 @@ class RuntimeChoice:
         target's keys and values instead of reading (`LlamaCppDrafter`).
         Otherwise `options.window` > 0 bounds each read to that many tokens,
         and 0 chooses the bound from measured costs (`auto_window`: the
-        target's one-token step, from its `target_tuning`, against llama.cpp's
-        batched read), or reads everything when the target's step is not known."""
+        target's measured one-token step, `target_step_seconds`, against
+        llama.cpp's batched read), or reads everything when the target's step
+        is not known."""
         if self.llama is None:
             return None
         importer = None
         if copy_of_target and target is not None:
             importer = self.importer(target)
-        step = None if target_tuning is None else target_tuning.one_token_step
         return LlamaCppDrafter(
             self.llama,
             keep_between_prompts=keep_between_prompts,
-            window=self.read_window(options.window, step),
+            window=self.read_window(options.window, target_step_seconds),
             importer=importer,
             read_seconds_per_token=self.seconds.get("llamacpp_read"),
         )

@@ -172,7 +172,12 @@ class Benchmark:
         spec = drafter_spec(self.settings, self.pair, keep_between_prompts=keep_between_prompts)
         model = self.pair.drafter.model if self.pair.drafter is not None else None
         return build_pair_drafter(
-            spec, self.pair, model=model, head=self._head, runtime=self.drafter_runtime
+            spec,
+            self.pair,
+            model=model,
+            head=self._head,
+            runtime=self.drafter_runtime,
+            target=self.target.runnable(self.settings),
         )
 
     def _check_conversation(self) -> None:
