@@ -63,6 +63,10 @@ def turn_figures(answer, pauses: dict[str, float], events: list) -> dict[str, ob
         "prompt_tokens": answer.prompt_tokens,
         "fed": spec.prompt_tokens - spec.reused_prompt_tokens,
         "speedup": answer.speedup_of("speculative"),
+        "tokens_per_second": {
+            "speculative": spec.tokens_per_second,
+            "target": target.tokens_per_second,
+        },
         "first_token_ratio": first,
         "tokens_per_step": spec.new_tokens / spec.steps if spec.steps else None,
         "new_tokens": spec.new_tokens,
