@@ -305,8 +305,8 @@ def test_a_chat_session_runs_both_generators_on_the_llamacpp_target(embedded_pai
 def test_a_wide_pass_gives_the_one_token_passes_logits(embedded_f32) -> None:
     """Verification reads a pass over k + 1 tokens, the target alone one token a
     pass: they must agree far below a greedy near-tie. With llama.cpp's default
-    float16 keys and values they differed by up to 0.026 (a chat's turn parted
-    from the target's text); the runtime keeps them in float32."""
+    float16 keys and values they do not (a chat's turn parted from the target's
+    text); the runtime keeps them in float32."""
     width = embedded_f32.width
     ids = [(7919 * i) % 40000 + 100 for i in range(64)]
     one_by_one, wide = embedded_f32.open(), embedded_f32.open()

@@ -11,9 +11,9 @@ they do in torch. A context whose runtime is gone goes back to a pool and is
 cleared before it serves again.
 
 Keys and values are kept in float32: with llama.cpp's default float16
-cache a pass over several tokens gave logits up to 0.026 away from one-token
-passes over the same text (float32: 3e-5), enough to part a verification
-from the target's own greedy text at a near-tie (seen once in a 10-turn chat).
+cache a pass over several tokens gives logits measurably away from one-token
+passes over the same text, enough to part a verification from the target's
+own greedy text at a near-tie (docs/runtimes.md).
 A pass feeds the tokens the context does not hold in batches of the
 context's batch size, asks llama.cpp for the logits of only the last `keep`
 positions (the verification's k + 1 rows, or the prompt's last), and copies
