@@ -18,9 +18,8 @@ REPL drops them, when the context would overflow). With `conversation`
 (`bench --chat`) every turn of the file belongs to one chat, and each specrepl
 method keeps its caches from one turn to the next as the REPL's session keeps
 them for each generator: the target's `PromptCache` and a drafter built to keep
-its own state. The peers keep nothing and read each turn's whole prompt.
-
-It never prints: progress goes through a callback.
+its own state. The peers keep nothing and read each turn's whole prompt. It
+never prints: progress goes through a callback.
 """
 
 from __future__ import annotations
@@ -171,13 +170,9 @@ class Benchmark:
         built as the REPL's session builds it (`drafting.drafter_spec`)."""
         spec = drafter_spec(self.settings, self.pair, keep_between_prompts=keep_between_prompts)
         model = self.pair.drafter.model if self.pair.drafter is not None else None
+        target, runtime = self.target.runnable(self.settings), self.drafter_runtime
         return build_pair_drafter(
-            spec,
-            self.pair,
-            model=model,
-            head=self._head,
-            runtime=self.drafter_runtime,
-            target=self.target.runnable(self.settings),
+            spec, self.pair, model=model, head=self._head, runtime=runtime, target=target
         )
 
     def _check_conversation(self) -> None:
