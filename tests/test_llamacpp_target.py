@@ -319,34 +319,57 @@ def test_a_wide_pass_gives_the_one_token_passes_logits(embedded_f32) -> None:
     assert float((singles - together).abs().max()) < 1e-3
 
 
-@pytest.mark.parametrize("drafter_runtime", ["llamacpp", "torch"])
-def test_a_copy_reads_within_a_window_when_the_target_hands_no_keys_and_values(
-    embedded_pair, drafter_runtime
-) -> None:
-    """The embedded copy takes a torch target's keys and values; a llama.cpp target
-    hands none, so the copy reads for itself, bounded in llama.cpp by the window
-    the llama.cpp target's own measured step gives (a pasted document is not read
-    whole at the copy's speed), and the text is still the target's."""
+def test_a_torch_copy_reads_for_itself_when_the_target_runs_in_llamacpp(embedded_pair) -> None:
+    """The embedded copy in torch takes a torch target's keys and values; a
+    llama.cpp target hands it none, so it reads for itself, and the text is
+    still the target's."""
     from specrepl.chat.session import ChatSession
     from specrepl.chat.settings import Settings
-    from specrepl.engine.drafters.llamacpp import LlamaCppDrafter
     from specrepl.engine.drafters.model import ModelDrafter
 
-    settings = Settings(max_new_tokens=16, drafter_kind="model", drafter_runtime=drafter_runtime)
+    settings = Settings(max_new_tokens=16, drafter_kind="model", drafter_runtime="torch")
     session = ChatSession(embedded_pair, settings)
-    in_torch = session._drafter(session.settings)
-    assert in_torch.uses_target_cache
+    assert session._drafter(session.settings).uses_target_cache
     session.update(target_runtime="llamacpp")
-    verified_in_llamacpp = session._drafter(session.settings)
-    assert verified_in_llamacpp is not in_torch
-    assert not verified_in_llamacpp.uses_target_cache
-    if drafter_runtime == "llamacpp":
-        assert isinstance(verified_in_llamacpp, LlamaCppDrafter)
-        step = session.target.runnable(session.settings).one_token_seconds()
-        assert step is not None and step > 0
-        assert verified_in_llamacpp.window is not None
-    else:
-        assert isinstance(verified_in_llamacpp, ModelDrafter)
+    drafter = session._drafter(session.settings)
+    assert isinstance(drafter, ModelDrafter)
+    assert not drafter.uses_target_cache
     answer = session.answer("Name three colours.")
     speculative, alone = answer.runs["speculative"], answer.runs["target"]
     assert speculative.result.token_ids == alone.result.token_ids
+
+
+def test_a_llamacpp_copy_takes_the_llamacpp_targets_keys_and_values(embedded_pair) -> None:
+    """The copy in llama.cpp drafting for the target in llama.cpp takes the
+    target context's keys and values (in a context of its own, probed when
+    built): over a chat's turns with a pasted text it takes the positions
+    instead of reading them, and the text is the target's turn after turn."""
+    from specrepl.chat.answers import RunStep
+    from specrepl.chat.session import ChatSession
+    from specrepl.chat.settings import Settings
+    from specrepl.engine.drafters.llamacpp import LlamaCppDrafter
+    from specrepl.engine.drafters.llamacpp_state import StateImporter
+
+    settings = Settings(
+        max_new_tokens=32, drafter_kind="model", drafter_runtime="llamacpp",
+        target_runtime="llamacpp",
+    )  # fmt: skip
+    session = ChatSession(embedded_pair, settings)
+    drafter = session._drafter(session.settings)
+    assert isinstance(drafter, LlamaCppDrafter)
+    assert isinstance(drafter.importer, StateImporter), session.drafter_runtime().describe()
+    assert drafter.uses_target_cache and drafter.window is None
+    document = "The river town grew around a mill, a bridge and a market square. " * 30
+    for prompt in (f"Read this: {document} What grew around the mill?", "And what else?"):
+        steps: list = []
+        answer = session.answer(prompt, on_event=steps.append)
+        speculative, alone = answer.runs["speculative"], answer.runs["target"]
+        assert speculative.result.token_ids == alone.result.token_ids
+        assert speculative.result.accepted > 0
+        events = [
+            event.step
+            for event in steps
+            if isinstance(event, RunStep) and event.generator == "speculative"
+        ]
+        assert sum(event.imported_tokens for event in events) > 0
+        assert sum(event.read_tokens for event in events) < len(events) * 4

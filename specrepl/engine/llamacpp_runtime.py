@@ -28,6 +28,7 @@ This module knows nothing about drafting, acceptance or settings.
 
 from __future__ import annotations
 
+import ctypes
 import statistics
 import time
 import weakref
@@ -103,6 +104,7 @@ class LlamaCppModel(RunnableModel):
             n_ubatch=BATCH,
             type_k=self._llama_cpp.GGML_TYPE_F32,
             type_v=self._llama_cpp.GGML_TYPE_F32,
+            sequences=2,
         )
         assert path is not None  # open_gguf refuses no file
         self.path = path
@@ -180,6 +182,31 @@ class LlamaCppRuntime(ModelRuntime):
 
     def rollback_to(self, length: int) -> None:
         self._context.remove_from(max(length, 0))
+
+    def sequence_state(self, start: int, count: int) -> tuple[Any, int]:
+        """llama.cpp's state of positions start..count-1 (a buffer and its
+        size), for a copy of the model to take (`drafters.llamacpp_state`):
+        the positions are marked into the context's second sequence, whose
+        state holds only them."""
+        if not 0 <= start < count <= self.length:
+            raise ValueError(f"positions {start}..{count - 1} are not among {self.length} held")
+        llama_cpp, memory = self._llama_cpp, self._context.memory
+        llama_cpp.llama_memory_seq_rm(memory, 1, -1, -1)
+        llama_cpp.llama_memory_seq_cp(memory, 0, 1, start, count)
+        try:
+            size = llama_cpp.llama_state_seq_get_size(self._context.ctx, 1)
+            buffer = (ctypes.c_uint8 * size)()
+            written = llama_cpp.llama_state_seq_get_data(self._context.ctx, buffer, size, 1)
+        finally:
+            llama_cpp.llama_memory_seq_rm(memory, 1, -1, -1)
+        if written != size:
+            raise RuntimeError(f"llama.cpp wrote {written} of {size} bytes of the state")
+        return buffer, size
+
+    def key_values(self) -> LlamaCppRuntime:
+        """This runtime: a llama.cpp copy takes its keys and values through
+        `sequence_state` (a torch drafter takes none from it)."""
+        return self
 
     def step_seconds(self) -> Mapping[int, float] | None:
         return self._model.step_seconds()

@@ -11,8 +11,9 @@ sequence, and the calls that move that prefix.
   model's features at the positions fed, where asked and given);
 - `length`: how many leading tokens of the sequence it holds;
 - `rollback_to(length)`: drop the rest;
-- `key_values()`: the transformers cache a drafter may take keys and
-  values from (None where the runtime has none to hand over);
+- `key_values()`: what a copy of the model drafting beside it takes keys
+  and values from: a transformers cache (torch), the runtime itself
+  (llama.cpp, whose `sequence_state` a llama.cpp copy takes), or None;
 - `step_seconds()`: measured seconds of a pass by number of drafts, where
   the model was timed (the gamma policy reads them before a run).
 
@@ -78,8 +79,9 @@ class ModelRuntime(ABC):
     def rollback_to(self, length: int) -> None:
         """Hold at most the first `length` tokens."""
 
-    def key_values(self) -> DynamicCache | None:
-        """The transformers cache holding this runtime's keys and values, if any."""
+    def key_values(self) -> Any:
+        """What a copy drafting beside this runtime takes its keys and values
+        from (see the module docstring), or None."""
         return None
 
     def step_seconds(self) -> Mapping[int, float] | None:
@@ -100,7 +102,7 @@ class RunnableModel(ABC):
     gives_features: bool = False
     """Whether its runtimes' `score(..., features=True)` return the model's hidden states."""
     gives_key_values: bool = False
-    """Whether its runtimes' `key_values()` hand a `DynamicCache` to a drafter that takes one."""
+    """Whether its runtimes' `key_values()` hand a `DynamicCache` to a torch copy that takes one."""
 
     def one_token_seconds(self) -> float | None:
         """Measured seconds of a one-token pass (None: not timed)."""

@@ -18,7 +18,7 @@ chats.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -81,15 +81,14 @@ def build_drafter(
     drafter, for a copy, the target's keys and values, and `target_tuning`
     (the target's `Tuning`) its read window, from the target's timed step.
     `model_tuning` is the drafter model's, which a torch model drafter runs
-    with. `target_runnable` is what verifies, where the caller knows it: one
-    that hands no keys and values (llama.cpp) leaves a copy reading for
-    itself, and its own measured one-token step sets the read window. Raises
-    ValueError for an unknown kind or a missing model or head."""
+    with. `target_runnable` is what verifies, where the caller knows it: its
+    own measured one-token step sets the read window; a llama.cpp target
+    hands a copy in llama.cpp its keys and values from its own context, and a
+    torch copy none (it reads for itself). Raises ValueError for an unknown
+    kind or a missing model or head."""
     step = None if target_tuning is None else target_tuning.one_token_step
     if target_runnable is not None:
         step = target_runnable.one_token_seconds()
-        if not target_runnable.gives_key_values:
-            spec = replace(spec, copy_of_target=False)
     options = spec.options
     if options.kind == "ngram":
         return NgramDrafter(
@@ -104,7 +103,9 @@ def build_drafter(
     if options.needs_head:
         drafter = _head_drafter(spec, head)
     else:
-        drafter = _model_drafter(spec, target, model, runtime, step, model_tuning)
+        drafter = _model_drafter(
+            spec, (target, target_runnable), model, runtime, step, model_tuning
+        )
     if options.kind == "hybrid":
         return HybridDrafter(drafter, LookupDrafter(options.max_ngram), min_match=options.min_match)
     return drafter
@@ -118,7 +119,7 @@ def _head_drafter(spec: DrafterSpec, head: DraftHead | None) -> Drafter:
 
 def _model_drafter(
     spec: DrafterSpec,
-    target: PreTrainedModel | None,
+    targets: tuple[PreTrainedModel | None, RunnableModel | None],
     model: PreTrainedModel | None,
     runtime: RuntimeChoice | None,
     target_step_seconds: float | None,
@@ -126,7 +127,9 @@ def _model_drafter(
 ) -> Drafter:
     """The drafter model's drafter: in llama.cpp where `runtime` runs it there
     (its read window from the target's measured one-token step), else in
-    torch with the drafter model's tuning."""
+    torch with the drafter model's tuning. `targets`: the target model and
+    what verifies with it (None: the model, in torch)."""
+    target, target_runnable = targets
     if runtime is not None:
         elsewhere = runtime.model_drafter(
             spec.options,
@@ -134,6 +137,7 @@ def _model_drafter(
             keep_between_prompts=spec.keep_between_prompts,
             copy_of_target=spec.copy_of_target and spec.use_cache,
             target_step_seconds=target_step_seconds,
+            target_runnable=target_runnable,
         )
         if elsewhere is not None:
             return elsewhere
@@ -146,7 +150,8 @@ def _model_drafter(
         use_cache=spec.use_cache,
         window=spec.options.window or None,
         keep_between_prompts=spec.keep_between_prompts,
-        copy_of_target=spec.copy_of_target,
+        copy_of_target=spec.copy_of_target
+        and (target_runnable is None or target_runnable.gives_key_values),
         tuning=model_tuning,
     )
 

@@ -32,7 +32,7 @@ import torch
 
 from specrepl.engine.drafters.base import Draft, Drafter, collect_draft, next_draft
 from specrepl.engine.drafters.llamacpp_kv import KvImporter
-from specrepl.engine.kv_cache import cached_length
+from specrepl.engine.drafters.llamacpp_state import StateImporter
 from specrepl.engine.llamacpp import import_llamacpp
 from specrepl.engine.processors import LogitsProcessor
 from specrepl.engine.results import Offer
@@ -123,7 +123,8 @@ class LlamaCppDrafter(Drafter):
     share one `Llama`: each checks its view against the binding's own record
     of what it holds.
 
-    With an `importer` (the drafter is a copy of the target, `llamacpp_kv`)
+    With an `importer` (the drafter is a copy of the target: `llamacpp_kv`
+    for a torch target, `llamacpp_state` for a llama.cpp one)
     the drafter sees everything and reads almost nothing: it asks for the
     target's cache (`uses_target_cache`), and before drafting after an
     unseen stretch it takes the target's keys and values for it, where that
@@ -142,7 +143,7 @@ class LlamaCppDrafter(Drafter):
         keep_between_prompts: bool = False,
         name: str = "model",
         window: int | None = None,
-        importer: KvImporter | None = None,
+        importer: KvImporter | StateImporter | None = None,
         read_seconds_per_token: float | None = None,
     ) -> None:
         if window is not None and window < 1:
@@ -238,7 +239,7 @@ class LlamaCppDrafter(Drafter):
         `ids`, only what follows it is written."""
         if self.importer is None or self._target_cache is None:
             return 0, 0
-        count = min(cached_length(self._target_cache), len(ids) - 1)
+        count = min(self.importer.available(self._target_cache), len(ids) - 1)
         covered = self.view.covered
         unseen = count - covered
         if unseen <= 2:

@@ -239,6 +239,10 @@ class KvImporter:
         self.appends = appends
         self.append_seconds = append_seconds
 
+    def available(self, cache: DynamicCache) -> int:
+        """Positions the target's cache holds."""
+        return cached_length(cache)
+
     def estimate(self, count: int) -> float:
         """Seconds a write of `count` positions is expected to take."""
         return count * self.seconds_per_position

@@ -24,8 +24,11 @@ from transformers import PreTrainedModel
 
 from specrepl.engine.drafters.llamacpp import LlamaCppDrafter
 from specrepl.engine.drafters.llamacpp_kv import KvImporter, probe_importer
+from specrepl.engine.drafters.llamacpp_state import StateImporter, probe_state_importer
 from specrepl.engine.drafters.options import DRAFTER_RUNTIMES, DrafterOptions
 from specrepl.engine.llamacpp import LlamaCppUnavailable, open_gguf
+from specrepl.engine.llamacpp_runtime import LlamaCppModel
+from specrepl.engine.runtime import RunnableModel
 from specrepl.engine.widths import measure_widths
 
 __all__ = [
@@ -97,8 +100,11 @@ class RuntimeChoice:
     seconds: dict[str, float] = field(default_factory=dict)
     """Measured seconds of one drafting step, by runtime ("torch", "llamacpp"), and
     of reading one token in a batch in llama.cpp ("llamacpp_read")."""
-    imports: dict[int, tuple[KvImporter | None, str]] = field(default_factory=dict, compare=False)
-    """`probe_importer`'s verdict per target (by id): filled by `importer`."""
+    imports: dict[int, tuple[KvImporter | StateImporter | None, str]] = field(
+        default_factory=dict, compare=False
+    )
+    """`probe_importer`'s or `probe_state_importer`'s verdict per target (by
+    id): filled by `importer` and `state_importer`."""
 
     @property
     def runtime(self) -> str:
@@ -116,13 +122,18 @@ class RuntimeChoice:
         keep_between_prompts: bool = False,
         copy_of_target: bool = False,
         target_step_seconds: float | None = None,
+        target_runnable: RunnableModel | None = None,
     ) -> LlamaCppDrafter | None:
         """The drafter over llama.cpp to use in place of torch's, or None when
         torch drafts (`builder.build_drafter` asks, for every entry point).
 
         When the drafter is a copy of `target` (`copy_of_target`, with the
         cache on) and `probe_importer` accepts this llama.cpp, it takes the
-        target's keys and values instead of reading (`LlamaCppDrafter`).
+        target's keys and values instead of reading (`LlamaCppDrafter`). Where
+        the target verifies in llama.cpp (`target_runnable`, a
+        `LlamaCppModel`), the copy takes them from the target's context
+        instead, drafting in a context of its own (`probe_state_importer`);
+        another target that hands no keys and values leaves it reading.
         Otherwise `options.window` > 0 bounds each read to that many tokens,
         and 0 chooses the bound from measured costs (`auto_window`: the
         target's measured one-token step, `target_step_seconds`, against
@@ -130,11 +141,19 @@ class RuntimeChoice:
         is not known."""
         if self.llama is None:
             return None
-        importer = None
-        if copy_of_target and target is not None:
+        importer: KvImporter | StateImporter | None = None
+        llama = self.llama
+        if copy_of_target and isinstance(target_runnable, LlamaCppModel):
+            importer = self.state_importer(target_runnable)
+            llama = llama if importer is None else importer.llama
+        elif (
+            copy_of_target
+            and target is not None
+            and (target_runnable is None or target_runnable.gives_key_values)
+        ):
             importer = self.importer(target)
         return LlamaCppDrafter(
-            self.llama,
+            llama,
             keep_between_prompts=keep_between_prompts,
             window=self.read_window(options.window, target_step_seconds),
             importer=importer,
@@ -146,7 +165,22 @@ class RuntimeChoice:
         key = id(target)
         if key not in self.imports:
             self.imports[key] = probe_importer(self.llama, target)
-        return self.imports[key][0]
+        found = self.imports[key][0]
+        return found if isinstance(found, KvImporter) else None
+
+    def state_importer(self, target: LlamaCppModel) -> StateImporter | None:
+        """The importer from runtimes of the llama.cpp `target`, probed once per target."""
+        assert self.llama is not None
+        key = id(target)
+        if key not in self.imports:
+            self.imports[key] = probe_state_importer(
+                Path(self.llama.model_path),
+                target,
+                context_length=int(self.llama.n_ctx()),
+                threads=int(self.llama.context_params.n_threads),
+            )
+        found = self.imports[key][0]
+        return found if isinstance(found, StateImporter) else None
 
     @property
     def import_reason(self) -> str | None:

@@ -1,0 +1,215 @@
+"""A llama.cpp target's keys and values handed to a llama.cpp copy of it.
+
+`llamacpp_kv` hands a torch target's keys and values to the copy drafting in
+llama.cpp. When the target itself runs in llama.cpp
+(`engine.llamacpp_runtime`), its context already holds them in llama.cpp's
+own layout, so `StateImporter` moves them from one context to the other
+through llama.cpp's sequence-state API, unconverted. Both contexts keep
+float32 keys and values (the target's must, for exactness) and two
+sequences: the target marks the positions to hand over into its second
+sequence (`llama_memory_seq_cp`, which copies nothing), the state of that
+sequence holds only them, and the copy writes it into its own second
+sequence and joins it to its first. A step then costs the new positions, not
+the whole context.
+
+The copy drafts in a context of its own (`StateImporter.llama`: the copy's
+GGUF file opened again, float32 keys and values, two sequences), not in the
+drafter runtime's, whose cache holds float16 keys and values.
+`probe_state_importer` checks on random tokens that the copy, after a
+handover (whole, then appended), predicts what it predicts after reading for
+itself; any failure gives no importer, with the reason, and the copy reads as
+before. The output never depends on this: the target verifies every draft.
+
+This module knows nothing about drafting policies, torch targets or settings.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import time
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+
+from specrepl.engine.llamacpp import LlamaCppUnavailable, import_llamacpp, open_gguf
+
+__all__ = ["SequenceStates", "StateImporter", "probe_state_importer"]
+
+PROBE_TOKENS = 24
+MIN_AGREEMENT = 0.99
+"""Cosine between the copy's logits after a handover and after its own reading."""
+
+
+class SequenceStates(Protocol):
+    """What a target runtime gives the importer (`LlamaCppRuntime` does)."""
+
+    @property
+    def length(self) -> int: ...
+
+    def sequence_state(self, start: int, count: int) -> tuple[Any, int]:
+        """llama.cpp's state of positions start..count-1 (a buffer and its size)."""
+        ...
+
+
+class StateImporter:
+    """Writes a llama.cpp target's keys and values into the copy's context `llama`.
+
+    `write` makes the copy hold the first `count` positions; `append` keeps
+    the first `start` it holds and adds start..count-1. Both are timed at
+    every call (`seconds_per_position`, `append_seconds` beyond the
+    positions) so that `LlamaCppDrafter` can weigh a handover against a read.
+    """
+
+    appends = True
+
+    def __init__(self, llama: Any, *, seconds_per_position: float) -> None:
+        self.llama = llama
+        self.seconds_per_position = seconds_per_position
+        self.append_seconds = 0.0
+        self._library = import_llamacpp()
+        self._memory = self._library.llama_get_memory(llama.ctx)
+
+    def available(self, target: SequenceStates) -> int:
+        """Positions the target holds."""
+        return target.length
+
+    def estimate(self, count: int) -> float:
+        return count * self.seconds_per_position
+
+    def estimate_append(self, positions: int) -> float:
+        return self.append_seconds + positions * self.seconds_per_position
+
+    def write(self, target: SequenceStates, count: int, tokens: list[int]) -> float:
+        """Make the copy hold `tokens[:count]` from the target's keys and values."""
+        self._check(target, 0, count, tokens)
+        started = time.perf_counter()
+        self.llama.n_tokens = 0
+        self._library.llama_memory_seq_rm(self._memory, 0, -1, -1)
+        self._set(target, 0, count, 0)
+        self.llama.input_ids[:count] = tokens[:count]
+        self.llama.n_tokens = count
+        seconds = time.perf_counter() - started
+        self.seconds_per_position = 0.7 * self.seconds_per_position + 0.3 * seconds / count
+        return seconds
+
+    def append(self, target: SequenceStates, start: int, count: int, tokens: list[int]) -> float:
+        """Keep the copy's first `start` positions (`tokens[:start]`) and add
+        start..count-1 from the target. RuntimeError where llama.cpp refuses
+        the state (the copy then holds the first `start`)."""
+        self._check(target, start, count, tokens)
+        if start == 0:
+            return self.write(target, count, tokens)
+        started = time.perf_counter()
+        library = self._library
+        library.llama_memory_seq_rm(self._memory, 0, start, -1)
+        self.llama.n_tokens = start
+        try:
+            self._set(target, start, count, 1)
+        except RuntimeError:
+            library.llama_memory_seq_rm(self._memory, 1, -1, -1)
+            raise
+        library.llama_memory_seq_cp(self._memory, 1, 0, -1, -1)
+        library.llama_memory_seq_rm(self._memory, 1, -1, -1)
+        self.llama.input_ids[start:count] = tokens[start:count]
+        self.llama.n_tokens = count
+        seconds = time.perf_counter() - started
+        beyond = max(0.0, seconds - (count - start) * self.seconds_per_position)
+        self.append_seconds = 0.7 * self.append_seconds + 0.3 * beyond
+        return seconds
+
+    def _check(self, target: SequenceStates, start: int, count: int, tokens: list[int]) -> None:
+        if not 0 <= start < count or target.length < count or len(tokens) < count:
+            raise ValueError(
+                f"cannot hand over positions {start}..{count - 1} from {target.length} held"
+            )
+
+    def _set(self, target: SequenceStates, start: int, count: int, sequence: int) -> None:
+        state, size = target.sequence_state(start, count)
+        read = self._library.llama_state_seq_set_data(self.llama.ctx, state, size, sequence)
+        if read != size:
+            if sequence == 0:
+                self.llama.n_tokens = 0
+            raise RuntimeError(f"llama.cpp took {read} of {size} bytes of keys and values")
+
+
+def sequence_state(llama_cpp: Any, ctx: Any, sequence: int) -> tuple[Any, int]:
+    """The state llama.cpp writes for `sequence` of context `ctx`: a buffer and its size."""
+    size = llama_cpp.llama_state_seq_get_size(ctx, sequence)
+    buffer = (ctypes.c_uint8 * size)()
+    written = llama_cpp.llama_state_seq_get_data(ctx, buffer, size, sequence)
+    if written != size:
+        raise RuntimeError(f"llama.cpp wrote {written} of {size} bytes of a sequence's state")
+    return buffer, size
+
+
+def _logits(llama: Any) -> np.ndarray:
+    library = import_llamacpp()
+    pointer = library.llama_get_logits_ith(llama.ctx, -1)
+    return np.ctypeslib.as_array(pointer, shape=(int(llama.n_vocab()),)).astype(np.float32)
+
+
+def _cosine(a: np.ndarray, b: np.ndarray) -> float:
+    norm = float(np.linalg.norm(a) * np.linalg.norm(b))
+    return float((a * b).sum()) / norm if norm else 0.0
+
+
+def probe_state_importer(
+    path: Path,
+    target: Any,
+    *,
+    context_length: int,
+    threads: int,
+    seed: int = 0,
+) -> tuple[StateImporter | None, str]:
+    """An importer into a new context of the copy's GGUF file at `path`, fed
+    by runtimes of the llama.cpp `target` (a `LlamaCppModel`), or None, with
+    the reason either way (see the module)."""
+    library = import_llamacpp()
+    if not hasattr(library, "llama_state_seq_set_data"):
+        return None, "this llama-cpp-python has no sequence-state calls"
+    try:
+        llama = open_gguf(
+            path,
+            context_length=context_length,
+            threads=threads,
+            sequences=2,
+            type_k=library.GGML_TYPE_F32,
+            type_v=library.GGML_TYPE_F32,
+        )
+    except LlamaCppUnavailable as error:
+        return None, f"the copy's context for the target's keys and values cannot open ({error})"
+    vocab = min(int(llama.n_vocab()), int(target.width))
+    tokens = np.random.default_rng(seed).integers(0, vocab, PROBE_TOKENS + 1).tolist()
+    runtime = target.open()
+    try:
+        runtime.score(torch.tensor(tokens[:PROBE_TOKENS]), 1, target.width)
+        llama.n_tokens = 0
+        llama.eval(tokens)
+        own = _logits(llama)
+        importer = StateImporter(llama, seconds_per_position=0.0)
+        seconds = importer.write(runtime, PROBE_TOKENS, tokens)
+        importer.seconds_per_position = seconds / PROBE_TOKENS
+        llama.eval(tokens[PROBE_TOKENS:])
+        whole = _cosine(own, _logits(llama))
+        half = PROBE_TOKENS // 2
+        importer.write(runtime, half, tokens)
+        seconds = importer.append(runtime, half, PROBE_TOKENS, tokens)
+        beyond = seconds - (PROBE_TOKENS - half) * importer.seconds_per_position
+        importer.append_seconds = max(0.0, beyond)
+        llama.eval(tokens[PROBE_TOKENS:])
+        appended = _cosine(own, _logits(llama))
+    except (RuntimeError, ValueError, OSError) as error:
+        return None, f"the copy refused the llama.cpp target's keys and values ({error})"
+    finally:
+        llama.n_tokens = 0
+    if min(whole, appended) < MIN_AGREEMENT:
+        return None, (
+            "the copy predicts otherwise from the llama.cpp target's keys and values"
+            f" (cosine {min(whole, appended):.3f})"
+        )
+    return importer, (
+        "takes the llama.cpp target's keys and values, new positions only"
+        f" (checked: cosine {min(whole, appended):.4f} on the probe)"
+    )
