@@ -91,7 +91,7 @@ def every_setting_changed():
         drafter_window=16,
         drafter_runtime="torch",
         drafter_head="embedded",
-        target_runtime="auto",
+        target_runtime="torch",
         processor="topknucleus",
         temperature=0.7,
         top_k=9,

@@ -155,11 +155,13 @@ def test_the_default_hybrid_times_the_shipped_head_against_the_copy(
 ) -> None:
     """The default drafter (hybrid, head "auto") on the embedded pair: both the
     shipped head and the copy are timed (in llama.cpp too where it runs), the
-    verdict is kept, and the answer is the target's whichever drafts."""
+    verdict is kept, and the answer is the target's whichever drafts. The
+    target runs in torch: one in llama.cpp gives the head no features, and the
+    copy drafts untimed (tests/test_llamacpp_target.py)."""
     if runtime == "auto":
         request.getfixturevalue("llama")  # llama.cpp installed (required in CI)
     settings = load_config(default_config_path()).settings.updated(
-        drafter_runtime=runtime, max_new_tokens=NEW_TOKENS
+        drafter_runtime=runtime, target_runtime="torch", max_new_tokens=NEW_TOKENS
     )
     assert settings.drafter_options().chooses_head
     session = ChatSession(embedded_pair, settings)

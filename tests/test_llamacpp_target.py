@@ -269,16 +269,54 @@ def test_auto_takes_llamacpp_only_where_faster_and_the_text_is_the_same(
     assert choose("torch", model, Tuning(), llama.path, context_length=256).runtime == "torch"
 
 
+def test_auto_takes_an_earlier_verdict_without_measuring_again(
+    tiny, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import specrepl.engine.target_choice as target_choice
+    from specrepl.engine.tuning import Tuning
+
+    model, llama = tiny
+
+    def not_again(*args: object, **kwargs: object) -> None:
+        raise AssertionError("measured again")
+
+    monkeypatch.setattr(target_choice, "torch_step_seconds", not_again)
+    monkeypatch.setattr(target_choice, "_same_text", not_again)
+    choose = target_choice.choose_target_runtime
+    seconds = {"torch": 0.05, "llamacpp": 0.02}
+    earlier = target_choice.Verdict("llamacpp", "a step costs 0.40 of torch's", seconds)
+    taken = choose("auto", model, Tuning(), llama.path, context_length=256, earlier=earlier)
+    assert taken.runtime == "llamacpp" and taken.earlier and not taken.measured
+    assert taken.describe().endswith("a step costs 0.40 of torch's (measured at an earlier start)")
+    assert taken.verdict() == earlier
+    kept = target_choice.Verdict("torch", "llama.cpp's step measured 1.30x torch's", seconds)
+    torch_again = choose("auto", model, Tuning(), llama.path, context_length=256, earlier=kept)
+    assert torch_again.runtime == "torch" and torch_again.earlier
+    forced = choose("torch", model, Tuning(), llama.path, context_length=256, earlier=earlier)
+    assert forced.runtime == "torch" and forced.reason == "asked for"
+
+
+def test_a_hybrid_drafts_with_the_model_where_the_target_gives_no_features(pair, tiny) -> None:
+    from specrepl.chat.drafting import choose_hybrid_source
+    from specrepl.chat.settings import Settings
+
+    _, llama = tiny
+    settings = Settings(drafter_kind="hybrid", drafter_head="auto")
+    choice, head = choose_hybrid_source(settings, pair, None, target=llama)
+    assert not choice.head and head is None
+    assert "gives the head no features" in choice.describe()
+
+
 def test_a_forced_runtime_that_cannot_run_is_refused_with_the_reason(pair) -> None:
     from specrepl.chat.session import ChatSession
     from specrepl.chat.settings import SettingError
 
     session = ChatSession(pair)
+    assert session.settings.target_runtime == "auto"  # the default
     with pytest.raises(SettingError, match=r"llama\.cpp cannot run the target: .*GGUF file"):
         session.update(target_runtime="llamacpp")
-    assert session.settings.target_runtime == "torch"
-    session.update(target_runtime="auto")  # falls back to torch, saying why
-    assert session.target.choice(session.settings).runtime == "torch"
+    assert session.settings.target_runtime == "auto"
+    assert session.target.choice(session.settings).runtime == "torch"  # falls back, saying why
     assert "GGUF" in (session.target.summary(session.settings) or "")
 
 
@@ -327,7 +365,9 @@ def test_a_torch_copy_reads_for_itself_when_the_target_runs_in_llamacpp(embedded
     from specrepl.chat.settings import Settings
     from specrepl.engine.drafters.model import ModelDrafter
 
-    settings = Settings(max_new_tokens=16, drafter_kind="model", drafter_runtime="torch")
+    settings = Settings(
+        max_new_tokens=16, drafter_kind="model", drafter_runtime="torch", target_runtime="torch"
+    )
     session = ChatSession(embedded_pair, settings)
     assert session._drafter(session.settings).uses_target_cache
     session.update(target_runtime="llamacpp")
@@ -373,3 +413,40 @@ def test_a_llamacpp_copy_takes_the_llamacpp_targets_keys_and_values(embedded_pai
         ]
         assert sum(event.imported_tokens for event in events) > 0
         assert sum(event.read_tokens for event in events) < len(events) * 4
+
+
+def test_auto_on_the_embedded_pair_is_measured_once_and_stored(embedded_pair) -> None:
+    """The default (`auto`): the first choice on this machine measures and stores
+    its verdict; a later start (a new `ChatTarget`) takes it without measuring."""
+    from specrepl.chat.settings import Settings
+    from specrepl.chat.target import ChatTarget, verdict_key
+    from specrepl.models.gguf_f32 import float32_gguf
+    from specrepl.store.json_file import read_json_object
+    from specrepl.store.paths import target_runtimes_file
+
+    settings = Settings()
+    assert settings.target_runtime == "auto"
+    key = verdict_key(embedded_pair, float32_gguf(embedded_pair.target.gguf))
+    first = ChatTarget(embedded_pair).choice(settings)
+    stored = read_json_object(target_runtimes_file())[key]
+    assert stored["runtime"] == first.runtime
+    assert set(stored["seconds"]) == {"torch", "llamacpp"}
+    again = ChatTarget(embedded_pair).choice(settings)
+    assert again.earlier and again.runtime == first.runtime
+    assert again.describe().endswith("(measured at an earlier start)")
+
+
+def test_auto_keeps_torch_for_a_draft_head(embedded_pair) -> None:
+    """A named draft head reads the target's features, which llama.cpp does not
+    give: under "auto" the target stays in torch, saying why, and the head drafts."""
+    from specrepl.chat.session import ChatSession
+    from specrepl.chat.settings import Settings
+
+    settings = Settings(max_new_tokens=8, drafter_kind="head", drafter_head="embedded")
+    session = ChatSession(embedded_pair, settings)
+    choice = session.target.choice(session.settings)
+    assert choice.runtime == "torch"
+    assert "features" in choice.describe()
+    answer = session.answer("Name three colours.")
+    speculative, alone = answer.runs["speculative"], answer.runs["target"]
+    assert speculative.result.token_ids == alone.result.token_ids

@@ -75,9 +75,16 @@ class _BuiltFrom:
 class ChatDrafters:
     """The drafters of one chat session over `pair`, sharing the session's kept `caches`."""
 
-    def __init__(self, pair: ModelPair, caches: dict[GeneratorName, PromptCache]) -> None:
+    def __init__(
+        self,
+        pair: ModelPair,
+        caches: dict[GeneratorName, PromptCache],
+        target: Callable[[Settings], RunnableModel] | None = None,
+    ) -> None:
         self.pair = pair
         self._caches = caches
+        self._target = target
+        """What verifies under given settings (the session's `ChatTarget.runnable`)."""
         self._heads: dict[str, tuple[DraftHead, dict[str, Any]]] = {}
         self._runtimes: dict[str, RuntimeChoice | None] = {}
         self._choices: dict[str, DraftChoice] = {}
@@ -173,7 +180,7 @@ class ChatDrafters:
         options = settings.drafter_options()
         if not options.chooses_head:
             return settings
-        choice = self.choice(settings) if choose else self._choices.get(_runtime_key(options))
+        choice = self.choice(settings) if choose else self._choices.get(_choice_key(settings))
         return settings if choice is None else choice.settle(settings)
 
     def choice(self, settings: Settings, *, retime: bool = False) -> DraftChoice:
@@ -182,8 +189,7 @@ class ChatDrafters:
         requested runtime (`draft_choice.choose_draft_source`, stored across
         starts; `retime`: timed again now). The model when no head was trained
         for this target, the head when no drafter model is loaded."""
-        options = settings.drafter_options()
-        key = _runtime_key(options)
+        key = _choice_key(settings)
         if key in self._choices and not retime:
             return self._choices[key]
         choice, _ = choose_hybrid_source(
@@ -192,6 +198,7 @@ class ChatDrafters:
             self.runtime(settings),
             load_head=lambda: self.head(settings),
             retime=retime,
+            target=None if self._target is None else self._target(settings),
         )
         self._choices[key] = choice
         self.forget_drafter()  # the timing drafted with llama.cpp's one state
@@ -201,7 +208,7 @@ class ChatDrafters:
         """What a hybrid with head "auto" drafts with and why, once chosen (None
         before, or for other drafters)."""
         options = settings.drafter_options()
-        choice = self._choices.get(_runtime_key(options))
+        choice = self._choices.get(_choice_key(settings))
         return None if choice is None or not options.chooses_head else choice.describe()
 
     def runtime_summary(self, settings: Settings) -> str | None:
@@ -381,6 +388,7 @@ def choose_hybrid_source(
     *,
     load_head: Callable[[], tuple[DraftHead, dict[str, Any]] | None] | None = None,
     retime: bool = False,
+    target: RunnableModel | None = None,
 ) -> tuple[DraftChoice, DraftHead | None]:
     """Whether the hybrid `settings` ask for, with head "auto", drafts faster on
     `pair` with the head trained for the target (`load_head` gives it; default:
@@ -389,7 +397,11 @@ def choose_hybrid_source(
     as every entry point builds them and timed by
     `draft_choice.choose_draft_source`, which keeps the verdict in the store
     (`retime`: timed again now). Without a head for this target the model
-    drafts; without a drafter model the head does."""
+    drafts; without a drafter model the head does. Where the target that
+    verifies (`target`) gives no features, as in llama.cpp, the head cannot
+    draft and the model does, untimed."""
+    if target is not None and not target.gives_features and pair.drafter is not None:
+        return DraftChoice(False, note="the target's runtime gives the head no features"), None
     if load_head is None:
         load_head = lambda: load_drafter_head("auto", pair.target.model)  # noqa: E731
     model = pair.drafter.model if pair.drafter is not None and _in_torch(runtime) else None
@@ -436,6 +448,11 @@ def keeps_drafter_state(settings: Settings) -> bool:
     longer repeat a fresh session's token for token (a copy of the target reads
     no prompt at all: it takes the target's keys and values)."""
     return settings.use_cache and settings.logits_processor().is_greedy
+
+
+def _choice_key(settings: Settings) -> tuple[str, str]:
+    """What a hybrid's head-or-model choice depends on: the runtimes asked for."""
+    return settings.drafter_options().runtime, settings.target_runtime
 
 
 def _runtime_key(options: DrafterOptions) -> str:

@@ -105,9 +105,9 @@ class ChatSession:
         self._caches: dict[GeneratorName, PromptCache] = {
             name: PromptCache() for name in GENERATORS
         }
-        self.drafters = ChatDrafters(pair, self._caches)
-        self.drafters.check_head(settings)
         self.target = ChatTarget(pair)
+        self.drafters = ChatDrafters(pair, self._caches, self.target.runnable)
+        self.drafters.check_head(settings)
         self.settings = settings
 
     # -- state -------------------------------------------------------------
@@ -204,19 +204,21 @@ class ChatSession:
         On a CPU it also times the models' forward widths (`tune_widths`) once
         per model and machine, kept under the cache directory, so that steps
         are padded to cheaper widths (`retime_widths`: measured again now).
-        A hybrid with head "auto" has its draft source chosen here, after the
-        widths (`ChatDrafters.choice`: timed once per machine, then stored);
-        `progress` is told when that starts."""
+        What runs the target is chosen here (`ChatTarget`: "auto" measured once
+        per machine, then stored), then a hybrid's head "auto" is settled
+        (`ChatDrafters.choice`: likewise); `progress` is told when each starts."""
         settings = self.settings
         if self.pair.device.type == "cpu":
             self.tune_widths(retime=retime_widths)
+        if progress is not None and self.target.summary(settings) is None:
+            progress("choosing what runs the target…")
+        target = self.target.runnable(settings)
         if settings.speculative and settings.drafter_options().chooses_head:
             if progress is not None:
                 progress("choosing between the draft head and the drafter model…")
             self.drafters.choice(settings)
         ids = self.prompt_ids(prompt)
         common = self.pair.generation_options(use_cache=settings.use_cache)
-        target = self.target.runnable(settings)
         autoregressive_generate(ids, target, max_gen_len=2, **common)
         drafter = self.pair.drafter
         if drafter is not None and (drafter.resident or self.drafters.needs_torch_model(settings)):

@@ -260,7 +260,7 @@ class Settings:
         drafter="runtime",
     )
     target_runtime: str = _setting(
-        "torch",
+        "auto",
         Bound(str, choices=TARGET_RUNTIMES),
         "what runs the target (and so the baseline): torch, llamacpp (a GGUF file of its exact"
         " weights), or auto (the faster, where its greedy text is torch's)",

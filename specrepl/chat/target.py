@@ -6,27 +6,38 @@ runtime the speculative run verifies with. `ChatTarget` chooses it once per
 setting value (`engine.target_choice`: measured, with the text checked on
 the calibration prompts) and keeps it; where llama.cpp runs the target it
 runs a GGUF file of the target's exact weights (`models.gguf_f32`: a float32
-copy of a quantized file, written once). bench, the REPL and one-shot
-answers all ask here.
+copy of a quantized file, written once). What "auto" measured is stored
+(`paths.target_runtimes_file`) under the GGUF file, the machine, the thread
+count and both runtimes' versions, so only the first start on a machine pays
+for it; it is measured again after `MAX_VERDICT_AGE_DAYS` or once the store
+is cleared. bench, the REPL and one-shot answers all ask here.
 
 This module knows nothing about the terminal.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import time
+from importlib import metadata
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from specrepl.chat.settings import SettingError, Settings
 from specrepl.engine.llamacpp import LlamaCppUnavailable
 from specrepl.engine.runtime import RunnableModel
-from specrepl.engine.target_choice import TargetChoice, choose_target_runtime
+from specrepl.engine.target_choice import TargetChoice, Verdict, choose_target_runtime
+from specrepl.engine.widths import machine_parts
 from specrepl.models.gguf_f32 import float32_gguf
 from specrepl.models.prompting import prompt_ids
+from specrepl.store.json_file import read_json_object, write_json_object
+from specrepl.store.paths import fingerprint, target_runtimes_file
 
 if TYPE_CHECKING:
     from specrepl.models.pair import ModelPair
 
-__all__ = ["CALIBRATION_PROMPTS", "ChatTarget"]
+__all__ = ["CALIBRATION_PROMPTS", "MAX_VERDICT_AGE_DAYS", "ChatTarget", "verdict_key"]
+
+MAX_VERDICT_AGE_DAYS = 30
 
 CALIBRATION_PROMPTS = (
     "Name three colours of the rainbow.",
@@ -38,11 +49,11 @@ llama.cpp may run the target by itself choosing ("auto")."""
 
 
 class ChatTarget:
-    """The pair's target in the runtime a setting asks for (chosen once per value)."""
+    """The pair's target in the runtime the settings ask for (chosen once per value)."""
 
     def __init__(self, pair: ModelPair) -> None:
         self.pair = pair
-        self._choices: dict[str, TargetChoice] = {}
+        self._choices: dict[tuple[str, bool], TargetChoice] = {}
 
     @classmethod
     def checked(cls, pair: ModelPair, settings: Settings) -> ChatTarget:
@@ -55,10 +66,10 @@ class ChatTarget:
     def choice(self, settings: Settings) -> TargetChoice:
         """What runs the target under `settings`; raises LlamaCppUnavailable when
         llama.cpp is forced and cannot run it."""
-        requested = settings.target_runtime
-        if requested not in self._choices:
-            self._choices[requested] = self._choose(requested)
-        return self._choices[requested]
+        key = _choice_key(settings)
+        if key not in self._choices:
+            self._choices[key] = self._choose(*key)
+        return self._choices[key]
 
     def runnable(self, settings: Settings) -> RunnableModel:
         return self.choice(settings).runnable
@@ -73,13 +84,17 @@ class ChatTarget:
 
     def summary(self, settings: Settings) -> str | None:
         """What runs the target and why, once chosen (None before)."""
-        choice = self._choices.get(settings.target_runtime)
+        choice = self._choices.get(_choice_key(settings))
         return None if choice is None else choice.describe()
 
-    def _choose(self, requested: str) -> TargetChoice:
+    def _choose(self, requested: str, features: bool) -> TargetChoice:
         target = self.pair.target
         gguf = None
-        if requested != "torch" and target.gguf is not None:
+        if (
+            requested != "torch"
+            and target.gguf is not None
+            and not (features and requested == "auto")
+        ):
             try:
                 gguf = float32_gguf(target.gguf)
             except (OSError, ValueError, KeyError) as error:
@@ -91,7 +106,11 @@ class ChatTarget:
             prompt_ids(self.pair.tokenizer, text, chat=True, system_prompt=None)
             for text in (CALIBRATION_PROMPTS if requested == "auto" else ())
         ]
-        return choose_target_runtime(
+        store_key = requested == "auto" and gguf is not None and not features
+        key = verdict_key(self.pair, gguf) if store_key else None
+        store = target_runtimes_file()
+        saved = read_json_object(store) if key is not None else {}
+        choice = choose_target_runtime(
             requested,
             target.model,
             target.tuning,
@@ -99,4 +118,52 @@ class ChatTarget:
             context_length=self.pair.context_length,
             calibration=calibration,
             eos_token_ids=self.pair.eos_token_ids,
+            earlier=_stored_verdict(saved.get(key), time.time()) if key is not None else None,
+            features=features,
         )
+        if key is not None and choice.measured:
+            verdict = choice.verdict()
+            saved[key] = {
+                "runtime": verdict.runtime,
+                "reason": verdict.reason,
+                "seconds": verdict.seconds,
+                "measured_at": time.time(),
+            }
+            write_json_object(store, saved)  # a read-only cache only costs measuring again
+        return choice
+
+
+def _choice_key(settings: Settings) -> tuple[str, bool]:
+    """What the choice depends on: the runtime asked for, and whether the
+    drafter reads the target's features (a draft head, named)."""
+    return settings.target_runtime, settings.drafter_options().needs_head
+
+
+def verdict_key(pair: ModelPair, gguf: Path) -> str:
+    """What a stored "auto" verdict must match: the target as loaded, its
+    float32 GGUF file, the machine, the threads and both runtimes' versions."""
+    target = pair.target
+    try:
+        llama_cpp = metadata.version("llama-cpp-python")
+    except metadata.PackageNotFoundError:
+        llama_cpp = "none"
+    parts = (
+        f"{target.name} {target.dtype} {target.quantization} {target.device}",
+        fingerprint(gguf)[:16],
+        *machine_parts(),
+        f"llama-cpp-python={llama_cpp}",
+    )
+    return " | ".join(parts)
+
+
+def _stored_verdict(entry: Any, now: float) -> Verdict | None:
+    """The verdict a stored entry holds, if it is well formed and not too old."""
+    try:
+        runtime, reason = str(entry["runtime"]), str(entry["reason"])
+        seconds = {str(name): float(value) for name, value in entry["seconds"].items()}
+        measured = float(entry["measured_at"])
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return None
+    if runtime not in ("torch", "llamacpp") or now - measured > MAX_VERDICT_AGE_DAYS * 86400:
+        return None
+    return Verdict(runtime, reason, seconds)

@@ -8,7 +8,10 @@ the fastest plain runtime, and never at the price of the text:
 torch's (both measured now on this machine, never a constant), and takes
 llama.cpp only when it is faster AND its greedy text equals torch's on the
 calibration prompts it is given. "torch" and "llamacpp" force either ("llamacpp"
-raises `LlamaCppUnavailable` saying why it cannot run).
+raises `LlamaCppUnavailable` saying why it cannot run). A verdict measured at
+an earlier start (`Verdict`, kept by the caller) is taken instead of measuring
+again, so only the first start on a machine pays for the timing and the text
+check.
 
 Which GGUF file holds the target's exact weights (a float32 copy of a
 quantized file) is the caller's business (`specrepl.models.gguf_f32`).
@@ -18,6 +21,7 @@ This module knows nothing of settings or of drafters.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,12 +37,28 @@ from specrepl.engine.runtime_options import TARGET_RUNTIMES
 from specrepl.engine.tuning import Tuning
 from specrepl.engine.widths import measure_widths
 
-__all__ = ["TARGET_RUNTIMES", "TargetChoice", "choose_target_runtime", "torch_step_seconds"]
+__all__ = [
+    "TARGET_RUNTIMES",
+    "TargetChoice",
+    "Verdict",
+    "choose_target_runtime",
+    "torch_step_seconds",
+]
 
 CALIBRATION_TOKENS = 32
 """New tokens of each calibration prompt whose greedy text must agree."""
 MAX_WIDTH = 17
 """Widths timed in llama.cpp for the gamma policy (up to 16 drafts a step)."""
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What "auto" decided, and why: kept across starts by the caller."""
+
+    runtime: str
+    """ "torch" or "llamacpp"."""
+    reason: str
+    seconds: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -49,15 +69,42 @@ class TargetChoice:
     reason: str
     seconds: dict[str, float] = field(default_factory=dict)
     """Measured seconds of one decoding step, by runtime ("torch", "llamacpp")."""
+    earlier: bool = False
+    """Taken from a `Verdict` of an earlier start, not measured now."""
 
     @property
     def runtime(self) -> str:
         return "llamacpp" if isinstance(self.runnable, LlamaCppModel) else "torch"
 
+    @property
+    def measured(self) -> bool:
+        """Whether both runtimes were timed for this choice ("auto", measured now)."""
+        return {"torch", "llamacpp"} <= set(self.seconds) and not self.earlier
+
+    def verdict(self) -> Verdict:
+        return Verdict(self.runtime, self.reason, dict(self.seconds))
+
     def describe(self) -> str:
         name = "llama.cpp" if self.runtime == "llamacpp" else "torch"
         file = f" ({self.runnable.path.name})" if isinstance(self.runnable, LlamaCppModel) else ""
-        return f"{name}{file}: {self.reason}"
+        when = " (measured at an earlier start)" if self.earlier else ""
+        return f"{name}{file}: {self.reason}{when}"
+
+
+_OPENED: weakref.WeakValueDictionary[tuple[str, int, int], LlamaCppModel] = (
+    weakref.WeakValueDictionary()
+)
+"""The llama.cpp targets open in this process: sessions over the same file
+share its weights (each runtime has a context of its own) and its widths."""
+
+
+def _opened(gguf: Path | None, *, context_length: int, threads: int) -> LlamaCppModel:
+    key = (str(gguf), context_length, threads)
+    model = _OPENED.get(key)
+    if model is None:
+        model = LlamaCppModel(gguf, context_length=context_length, threads=threads)
+        _OPENED[key] = model
+    return model
 
 
 def torch_step_seconds(model: PreTrainedModel, tuning: Tuning, *, repeats: int = 5) -> float:
@@ -96,9 +143,14 @@ def choose_target_runtime(
     calibration: Sequence[list[int]] = (),
     eos_token_ids: Sequence[int] = (),
     threads: int | None = None,
+    earlier: Verdict | None = None,
+    features: bool = False,
 ) -> TargetChoice:
     """What runs the target `model` (whose exact weights the GGUF file `gguf`
-    holds, or None): see the module docstring."""
+    holds, or None): see the module docstring. `earlier`: what "auto" decided
+    at an earlier start on this machine, taken instead of measuring.
+    `features`: the drafter reads the target's features, which only torch
+    gives, so "auto" keeps torch."""
     if requested not in TARGET_RUNTIMES:
         raise ValueError(f"runtime must be one of {', '.join(TARGET_RUNTIMES)}, got {requested!r}")
     in_torch = TorchModel(model, tuning)
@@ -108,15 +160,23 @@ def choose_target_runtime(
     device = next(model.parameters()).device
     if requested == "auto" and device.type != "cpu":
         return TargetChoice(in_torch, f"the target runs on {device.type}; llama.cpp on the CPU")
+    if requested == "auto" and features:
+        return TargetChoice(
+            in_torch, "the draft head reads the target's features, which only torch gives"
+        )
+    if requested == "auto" and earlier is not None and earlier.runtime == "torch":
+        return TargetChoice(in_torch, earlier.reason, earlier.seconds, earlier=True)
     try:
-        llama = LlamaCppModel(gguf, context_length=context_length, threads=threads)
+        llama = _opened(gguf, context_length=context_length, threads=threads)
     except LlamaCppUnavailable as error:
         if requested == "llamacpp":
             raise
         return TargetChoice(in_torch, str(error))
-    widths = llama.time_widths(MAX_WIDTH)
+    widths = llama.step_seconds() or llama.time_widths(MAX_WIDTH)
     if requested == "llamacpp":
         return TargetChoice(llama, "asked for", {"llamacpp": widths[0]})
+    if earlier is not None:
+        return TargetChoice(llama, earlier.reason, earlier.seconds, earlier=True)
     seconds = {"llamacpp": widths[0], "torch": torch_step_seconds(model, tuning)}
     ratio = seconds["llamacpp"] / seconds["torch"]
     if ratio >= 1:

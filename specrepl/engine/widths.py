@@ -45,6 +45,7 @@ __all__ = [
     "WidthPlan",
     "cpu_identity",
     "cpu_model",
+    "machine_parts",
     "measure_plan",
     "measure_wide_samples",
     "measure_width_samples",
@@ -308,6 +309,12 @@ def cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine() or "unknown"
+
+
+def machine_parts() -> tuple[str, str, str]:
+    """What a timing stored across starts must match of the machine: the CPU
+    (`cpu_identity`), the thread count and torch's version."""
+    return cpu_identity(), f"threads={torch.get_num_threads()}", f"torch={torch.__version__}"
 
 
 def cpu_identity() -> str:

@@ -26,9 +26,7 @@ from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from specrepl.engine.widths import WidthPlan, cpu_identity, measure_plan, plan_widths
+from specrepl.engine.widths import WidthPlan, machine_parts, measure_plan, plan_widths
 from specrepl.models.loaded import LoadedModel
 from specrepl.models.pair import ModelPair
 from specrepl.models.tuning import (
@@ -135,9 +133,7 @@ def _plan_key(loaded: LoadedModel, max_width: int) -> str:
         str(loaded.quantization),
         str(loaded.parameters),
         str(loaded.device),
-        cpu_identity(),
-        f"threads={torch.get_num_threads()}",
-        f"torch={torch.__version__}",
+        *machine_parts(),
         f"widths=1..{max_width}",
     )
     return " | ".join(parts)

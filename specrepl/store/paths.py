@@ -28,6 +28,7 @@ __all__ = [
     "kept_heads_dir",
     "llamacpp_trials_file",
     "model_copies_dir",
+    "target_runtimes_file",
     "width_plans_file",
 ]
 
@@ -83,6 +84,12 @@ def draft_choices_file() -> Path:
     """Whether a hybrid drafted faster with a draft head or the drafter model, by pair and
     machine."""
     return cache_root() / "draft-choices.json"
+
+
+def target_runtimes_file() -> Path:
+    """What runs a target when the user lets specrepl choose ("auto"): the verdict
+    measured at the first start, by GGUF file and machine."""
+    return cache_root() / "target-runtimes.json"
 
 
 def kept_heads_dir() -> Path:

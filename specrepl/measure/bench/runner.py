@@ -1,14 +1,14 @@
 """The benchmark runner: every method timed on every prompt with one loaded pair.
 
-For each prompt, in one process on the same loaded models, after a warm-up,
-in an order that alternates from one prompt to the next, `Benchmark` runs
-specrepl target-only, specrepl speculative (the drafter kind and gamma policy
-the settings ask for, as the REPL runs them), optionally a fixed-gamma sweep,
-and with peers what a user would run instead (`peers.py`: transformers
-`generate()` in its forms, llama.cpp). All methods get the same end tokens and
-token budget; each run is timed around the call with a clock that synchronizes
-the device (`peers.timed`). Every run is compared token for token with the
-target-only output (`output_match.py`: greedy runs must be identical).
+For each prompt, in one process on the same loaded models, after a warm-up, in
+an order that alternates from one prompt to the next, `Benchmark` runs specrepl
+target-only, specrepl speculative (the drafter kind and gamma policy the
+settings ask for, as the REPL runs them), optionally a fixed-gamma sweep, and
+with peers what a user would run instead (`peers.py`: transformers `generate()`
+in its forms, llama.cpp). All methods get the same end tokens and budget; each
+run is timed by a clock that synchronizes the device (`peers.timed`) and
+compared token for token with the target-only output (`output_match.py`: greedy
+runs must be identical).
 
 A question with several turns is a conversation: each turn is measured as its
 own prompt, asked with the earlier turns and the target-only answers to them in
@@ -156,10 +156,10 @@ class Benchmark:
         return self._build_drafter(keep_between_prompts=False)
 
     def _choose_draft_source(self) -> None:
-        """A hybrid with head "auto": the head or the model, chosen (and stored) as
-        the REPL's session chooses; the speculative methods record why."""
-        runtime = self.drafter_runtime
-        self.draft_choice, self._head = choose_hybrid_source(self.settings, self.pair, runtime)
+        """A hybrid with head "auto": the head or the model, chosen as the REPL chooses."""
+        target, runtime = self.target.runnable(self.settings), self.drafter_runtime
+        chosen = choose_hybrid_source(self.settings, self.pair, runtime, target=target)
+        self.draft_choice, self._head = chosen
         self.settings = self.draft_choice.settle(self.settings)
         for method in self.methods:
             if method.speculative:
