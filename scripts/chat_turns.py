@@ -11,6 +11,14 @@ step, the drafts proposed and accepted per source, the longest pause between
 two streamed steps of each run, and whether the two texts are identical; then
 the medians. `--json OUT` keeps every figure with each step's choice.
 
+Beside them, llama.cpp alone (the plain runtime a CPU user would run, bench's
+`llamacpp-exact` peer) answers every turn on the float32 GGUF file of the
+target's exact weights: the same prompt ids, budget and end tokens, greedy,
+one model kept across the turns, so that it reuses the prefix it holds as
+llama.cpp itself does in a chat. Each turn's speculative tokens per second
+over its tokens per second is the speedup over the fastest plain run of the
+same weights (`--no-peer`: without it).
+
     HF_HUB_OFFLINE=1 .venv/bin/python scripts/chat_turns.py benchmarks/chat_pasted.jsonl
 
 A benchmark of one chat, not a timed test: run it on a quiet machine; the CPU
@@ -24,11 +32,18 @@ import json
 import platform
 import statistics
 import sys
+import time
 from pathlib import Path
+
+import torch
 
 from specrepl.app.startup import open_session
 from specrepl.chat.answers import RunStep
 from specrepl.chat.flags import add_model_options, add_setting_options, app_config
+from specrepl.engine.llamacpp import LlamaCppUnavailable, open_gguf
+from specrepl.engine.processors import make_processor
+from specrepl.measure.bench.llamacpp import sampling_options
+from specrepl.models.gguf_f32 import float32_gguf
 
 
 def cpu_name() -> str:
@@ -97,10 +112,39 @@ def turn_figures(answer, pauses: dict[str, float], events: list) -> dict[str, ob
     }
 
 
+def open_peer(session):
+    """llama.cpp alone on the float32 GGUF file of the session's target, or None (why printed)."""
+    gguf = session.pair.target.gguf
+    try:
+        if gguf is None:
+            raise LlamaCppUnavailable("the target was not loaded from a GGUF file")
+        return open_gguf(
+            float32_gguf(gguf),
+            context_length=session.pair.context_length,
+            threads=torch.get_num_threads(),
+        )
+    except (LlamaCppUnavailable, OSError, ValueError) as error:
+        print(f"no llama.cpp peer: {error}", flush=True)
+        return None
+
+
+def peer_turn(llama, ids: list[int], budget: int, end_tokens: set[int]) -> tuple[list[int], float]:
+    """The peer's greedy tokens after `ids` and the seconds they took (prompt
+    reading included, as the session's figures include it)."""
+    started = time.perf_counter()
+    tokens: list[int] = []
+    for token in llama.generate(ids, **sampling_options(make_processor("greedy"))):
+        tokens.append(int(token))
+        if int(token) in end_tokens or len(tokens) >= budget:
+            break
+    return tokens, time.perf_counter() - started
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("chat_file", type=Path, help="a chat file: one JSON line with `turns`")
     parser.add_argument("--json", type=Path, help="write every figure here")
+    parser.add_argument("--no-peer", action="store_true", help="without llama.cpp alone")
     add_model_options(parser)
     add_setting_options(parser)
     args = parser.parse_args()
@@ -109,6 +153,8 @@ def main() -> int:
     print(f"CPU: {cpu_name()}", flush=True)
     session = open_session(config, lambda stage: None)
     print(f"settings: {session.settings.drafter_options()}", flush=True)
+    print(f"target: {session.target.summary(session.settings)}", flush=True)
+    peer = None if args.no_peer else open_peer(session)
     rows = []
     for number, turn in enumerate(record["turns"], 1):
         pauses: dict[str, float] = {}
@@ -124,12 +170,24 @@ def main() -> int:
                 pauses[name] = max(pauses.get(name, 0.0), at - last.get(name, 0.0))
                 last[name] = at
 
+        ids = session.prompt_ids(turn)
         answer = session.answer(turn, on_event)
         if answer.refusal:
             print(f"turn {number}: refused: {answer.refusal}")
             return 1
         row = turn_figures(answer, pauses, events)
         rows.append(row)
+        if peer is not None:
+            budget, ends = session.settings.max_new_tokens, set(session.pair.eos_token_ids)
+            tokens, seconds = peer_turn(peer, ids, budget, ends)
+            row["tokens_per_second"]["llamacpp_exact"] = len(tokens) / seconds
+            row["peer_identical"] = tokens == answer.runs["target"].result.token_ids
+            row["over_llamacpp"] = row["tokens_per_second"]["speculative"] / (len(tokens) / seconds)
+            print(
+                f"         llama.cpp alone {len(tokens) / seconds:.1f} tok/s, speculative"
+                f" {row['over_llamacpp']:.2f}x it, same text {row['peer_identical']}",
+                flush=True,
+            )
         sources = " ".join(f"{s}:{a}/{d}" for s, (d, a) in row["drafts_by_source"].items())
         print(
             f"turn {number:2d}: prompt {row['prompt_tokens']:5d} fed {row['fed']:4d} "
@@ -147,8 +205,16 @@ def main() -> int:
         f"median first-token ratio {statistics.median(ratios):.2f}; "
         f"identical {sum(row['identical'] for row in rows)}/{len(rows)}"
     )
+    over = [row["over_llamacpp"] for row in rows if "over_llamacpp" in row]
+    if over:
+        same = sum(bool(row["peer_identical"]) for row in rows)
+        print(
+            f"over llama.cpp alone: median {statistics.median(over):.2f}x, lowest"
+            f" {min(over):.2f}x; llama.cpp alone gave the target's text {same}/{len(rows)}"
+        )
     if args.json:
-        args.json.write_text(json.dumps({"cpu": cpu_name(), "turns": rows}, indent=1))
+        summary = {"cpu": cpu_name(), "target": session.target.summary(session.settings)}
+        args.json.write_text(json.dumps({**summary, "turns": rows}, indent=1))
     return 0
 
 
