@@ -159,7 +159,8 @@ def test_bench_and_the_repl_build_the_same_llamacpp_drafter(
     target's keys and values (the embedded copy does), and otherwise the
     automatic window the target's timed step gives (bench once built it before
     the widths were timed, and its drafter read long prompts whole while the
-    REPL's read a window)."""
+    REPL's read a window). The target in torch, whose keys and values the
+    copy takes through `probe_importer`'s importer."""
     tuning = embedded_pair.target.tuning
     if not takes_keys:
         monkeypatch.setattr(
@@ -167,7 +168,9 @@ def test_bench_and_the_repl_build_the_same_llamacpp_drafter(
         )
     tuning.plan = WidthPlan(seconds={1: 0.03, 2: 0.04}, padded={})
     try:
-        settings = Settings(drafter_kind="hybrid", drafter_runtime="llamacpp")
+        settings = Settings(
+            drafter_kind="hybrid", drafter_runtime="llamacpp", target_runtime="torch"
+        )
         repl = ChatSession(embedded_pair, settings)._drafter(settings)
         options = BenchOptions(settings, tune_widths=False)
         bench = Benchmark(embedded_pair, options)._build_drafter(keep_between_prompts=False)
