@@ -177,6 +177,16 @@ def main() -> int:
             return 1
         row = turn_figures(answer, pauses, events)
         rows.append(row)
+        sources = " ".join(f"{s}:{a}/{d}" for s, (d, a) in row["drafts_by_source"].items())
+        print(
+            f"turn {number:2d}: prompt {row['prompt_tokens']:5d} fed {row['fed']:4d} "
+            f"speedup {row['speedup']:.2f}x first-token {row['first_token_ratio']:.2f} "
+            f"tok/step {row['tokens_per_step']:.2f} read {row['read_tokens']} tok "
+            f"{row['read_seconds']:.2f}s took {row['imported_tokens']} "
+            f"{row['import_seconds']:.2f}s pause spec {pauses.get('speculative', 0):.2f}s "
+            f"target {pauses.get('target', 0):.2f}s identical {row['identical']} [{sources}]",
+            flush=True,
+        )
         if peer is not None:
             budget, ends = session.settings.max_new_tokens, set(session.pair.eos_token_ids)
             tokens, seconds = peer_turn(peer, ids, budget, ends)
@@ -188,16 +198,6 @@ def main() -> int:
                 f" {row['over_llamacpp']:.2f}x it, same text {row['peer_identical']}",
                 flush=True,
             )
-        sources = " ".join(f"{s}:{a}/{d}" for s, (d, a) in row["drafts_by_source"].items())
-        print(
-            f"turn {number:2d}: prompt {row['prompt_tokens']:5d} fed {row['fed']:4d} "
-            f"speedup {row['speedup']:.2f}x first-token {row['first_token_ratio']:.2f} "
-            f"tok/step {row['tokens_per_step']:.2f} read {row['read_tokens']} tok "
-            f"{row['read_seconds']:.2f}s took {row['imported_tokens']} "
-            f"{row['import_seconds']:.2f}s pause spec {pauses.get('speculative', 0):.2f}s "
-            f"target {pauses.get('target', 0):.2f}s identical {row['identical']} [{sources}]",
-            flush=True,
-        )
     speedups = [row["speedup"] for row in rows]
     ratios = [row["first_token_ratio"] for row in rows]
     print(
