@@ -450,3 +450,17 @@ def test_auto_keeps_torch_for_a_draft_head(embedded_pair) -> None:
     answer = session.answer("Name three colours.")
     speculative, alone = answer.runs["speculative"], answer.runs["target"]
     assert speculative.result.token_ids == alone.result.token_ids
+
+
+def test_the_warm_up_makes_a_llamacpp_context_for_both_target_runs(embedded_pair) -> None:
+    """The first answer's target-alone run would otherwise make its context (its
+    float32 keys and values for the whole context length) inside its timing."""
+    from specrepl.chat.session import ChatSession
+    from specrepl.chat.settings import Settings
+
+    settings = Settings(max_new_tokens=4, drafter_kind="lookup", target_runtime="llamacpp")
+    session = ChatSession(embedded_pair, settings)
+    session.warm_up()
+    target = session.target.runnable(session.settings)
+    assert isinstance(target, LlamaCppModel)
+    assert len(target._free) >= 2  # the speculative run's and the target alone's

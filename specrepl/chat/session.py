@@ -197,16 +197,14 @@ class ChatSession:
         retime_widths: bool = False,
         progress: Callable[[str], None] | None = None,
     ) -> None:
-        """One short run of each model, so that one-time start-up costs (kernel
-        selection, allocator growth) do not land in the first answer's timings.
-        Changes neither the settings nor the history.
-
-        On a CPU it also times the models' forward widths (`tune_widths`) once
-        per model and machine, kept under the cache directory, so that steps
-        are padded to cheaper widths (`retime_widths`: measured again now).
-        What runs the target is chosen here (`ChatTarget`: "auto" measured once
-        per machine, then stored), then a hybrid's head "auto" is settled
-        (`ChatDrafters.choice`: likewise); `progress` is told when each starts."""
+        """One short run of each model, so that one-time start-up costs (kernel selection,
+        allocator growth) do not land in the first answer's timings (it changes neither the
+        settings nor the history). On a CPU it also times the models' forward widths
+        (`tune_widths`) once per model and machine, kept under the cache directory, so that
+        steps are padded to cheaper widths (`retime_widths`: measured again now). What runs
+        the target is chosen here (`ChatTarget`: "auto" measured once per machine, then
+        stored), then a hybrid's head "auto" is settled (`ChatDrafters.choice`: likewise);
+        `progress` is told when each starts."""
         settings = self.settings
         if self.pair.device.type == "cpu":
             self.tune_widths(retime=retime_widths)
@@ -219,6 +217,7 @@ class ChatSession:
             self.drafters.choice(settings)
         ids = self.prompt_ids(prompt)
         common = self.pair.generation_options(use_cache=settings.use_cache)
+        [target.open() for _ in ("speculative", "target")]  # llama.cpp: a context each, now
         autoregressive_generate(ids, target, max_gen_len=2, **common)
         drafter = self.pair.drafter
         if drafter is not None and (drafter.resident or self.drafters.needs_torch_model(settings)):
