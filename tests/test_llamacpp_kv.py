@@ -24,8 +24,8 @@ from specrepl.engine.drafters.llamacpp import LlamaCppDrafter
 from specrepl.engine.drafters.llamacpp_kv import (
     LayoutError,
     _export,
-    _logits,
     _parse,
+    last_logits,
     probe_importer,
 )
 from specrepl.engine.generation import autoregressive_generate, speculative_generate
@@ -107,7 +107,7 @@ def _both_readings(pair: ModelPair, llama, text: str) -> tuple[list[int], np.nda
     ids = prompt_ids(pair.tokenizer, text, chat=True, system_prompt=None)
     llama.n_tokens = 0
     llama.eval(ids)
-    own = _logits(llama)
+    own = last_logits(llama)
     cache = new_cache(pair.target.model)
     with torch.no_grad():
         pair.target.model(torch.tensor([ids[:-1]]), past_key_values=cache, use_cache=True)
@@ -119,7 +119,7 @@ def _predicts_as_after_reading(llama, ids: list[int], own: np.ndarray) -> None:
     assert llama.n_tokens == len(ids) - 1
     assert list(llama.input_ids[: len(ids) - 1]) == ids[:-1]
     llama.eval(ids[-1:])
-    taken = _logits(llama)
+    taken = last_logits(llama)
     llama.n_tokens = 0
     assert own.argmax() == taken.argmax()
     assert float(np.corrcoef(own, taken)[0, 1]) > 0.99

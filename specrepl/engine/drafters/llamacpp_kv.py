@@ -48,7 +48,7 @@ from transformers import DynamicCache, PreTrainedModel
 from specrepl.engine.kv_cache import cached_length, new_cache
 from specrepl.engine.llamacpp import import_llamacpp, sequences
 
-__all__ = ["KvImporter", "StateLayout", "probe_importer"]
+__all__ = ["KvImporter", "StateLayout", "cosine", "last_logits", "probe_importer"]
 
 _MAGIC = 0xAF143CD8
 """The first four bytes of a llama.cpp sequence state (`io_magic` in llama-context.cpp)."""
@@ -188,13 +188,14 @@ def _export(llama: Any) -> bytes:
     return bytes(buffer)[:written]
 
 
-def _logits(llama: Any) -> np.ndarray:
+def last_logits(llama: Any) -> np.ndarray:
+    """The logits llama.cpp holds for `llama`'s last position, as float32."""
     library = import_llamacpp()
     pointer = library.llama_get_logits_ith(llama.ctx, -1)
     return np.ctypeslib.as_array(pointer, shape=(int(llama.n_vocab()),)).astype(np.float32)
 
 
-def _cosine(a: np.ndarray, b: np.ndarray) -> float:
+def cosine(a: np.ndarray, b: np.ndarray) -> float:
     norm = float(np.linalg.norm(a) * np.linalg.norm(b))
     return float((a * b).sum()) / norm if norm else 0.0
 
@@ -364,7 +365,7 @@ def _own_reading(
     empty afterwards."""
     llama.n_tokens = 0
     llama.eval(tokens)
-    own_logits = _logits(llama)
+    own_logits = last_logits(llama)
     layout, own_keys, own_values = _parse(_export(llama))
     llama.n_tokens = 0
     return own_logits, layout, own_keys, own_values
@@ -396,7 +397,7 @@ def _matched_layout(
         return None, "the target's keys and llama.cpp's differ in width"
     agreement = {
         interleaved: min(
-            _cosine(layer_keys.numpy(), own)
+            cosine(layer_keys.numpy(), own)
             for layer_keys, own in zip(_llama_keys(keys, interleaved), own_keys, strict=True)
         )
         for interleaved in (False, True)
@@ -405,7 +406,7 @@ def _matched_layout(
     values = _stacked(cache, PROBE_TOKENS, "values")
     values = values.permute(0, 2, 1, 3).reshape(layout.layers, PROBE_TOKENS, layout.width)
     value_agreement = min(
-        _cosine(mine.numpy(), own) for mine, own in zip(values, own_values, strict=True)
+        cosine(mine.numpy(), own) for mine, own in zip(values, own_values, strict=True)
     )
     if agreement[interleaved] < MIN_AGREEMENT or value_agreement < MIN_AGREEMENT:
         return None, (
@@ -424,7 +425,7 @@ def _timed_importer(
     seconds = importer.write(cache, PROBE_TOKENS - 1, tokens)
     importer.seconds_per_position = seconds / (PROBE_TOKENS - 1)
     llama.eval(tokens[-1:])
-    return importer, _logits(llama)
+    return importer, last_logits(llama)
 
 
 def _checked_appends(
@@ -442,7 +443,7 @@ def _checked_appends(
     try:
         seconds = importer.append(cache, half, PROBE_TOKENS - 1, tokens)
         importer.llama.eval(tokens[-1:])
-        similarity = _cosine(own_logits, _logits(importer.llama))
+        similarity = cosine(own_logits, last_logits(importer.llama))
     except RuntimeError as error:
         importer.appends = False
         return f"the whole sequence at each write (an append was refused: {error})"
@@ -476,7 +477,7 @@ def probe_importer(
         if matched is None:
             return None, reason
         importer, taken_logits = _timed_importer(llama, matched, cache, tokens)
-        similarity = _cosine(own_logits, taken_logits)
+        similarity = cosine(own_logits, taken_logits)
         writes = (
             ""
             if similarity < MIN_AGREEMENT

@@ -25,7 +25,6 @@ This module knows nothing about drafting policies, torch targets or settings.
 
 from __future__ import annotations
 
-import ctypes
 import time
 from pathlib import Path
 from typing import Any, Protocol
@@ -33,6 +32,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
+from specrepl.engine.drafters.llamacpp_kv import cosine, last_logits
 from specrepl.engine.llamacpp import LlamaCppUnavailable, import_llamacpp, open_gguf
 
 __all__ = ["SequenceStates", "StateImporter", "probe_state_importer"]
@@ -134,27 +134,6 @@ class StateImporter:
             raise RuntimeError(f"llama.cpp took {read} of {size} bytes of keys and values")
 
 
-def sequence_state(llama_cpp: Any, ctx: Any, sequence: int) -> tuple[Any, int]:
-    """The state llama.cpp writes for `sequence` of context `ctx`: a buffer and its size."""
-    size = llama_cpp.llama_state_seq_get_size(ctx, sequence)
-    buffer = (ctypes.c_uint8 * size)()
-    written = llama_cpp.llama_state_seq_get_data(ctx, buffer, size, sequence)
-    if written != size:
-        raise RuntimeError(f"llama.cpp wrote {written} of {size} bytes of a sequence's state")
-    return buffer, size
-
-
-def _logits(llama: Any) -> np.ndarray:
-    library = import_llamacpp()
-    pointer = library.llama_get_logits_ith(llama.ctx, -1)
-    return np.ctypeslib.as_array(pointer, shape=(int(llama.n_vocab()),)).astype(np.float32)
-
-
-def _cosine(a: np.ndarray, b: np.ndarray) -> float:
-    norm = float(np.linalg.norm(a) * np.linalg.norm(b))
-    return float((a * b).sum()) / norm if norm else 0.0
-
-
 def probe_state_importer(
     path: Path,
     target: Any,
@@ -187,19 +166,19 @@ def probe_state_importer(
         runtime.score(torch.tensor(tokens[:PROBE_TOKENS]), 1, target.width)
         llama.n_tokens = 0
         llama.eval(tokens)
-        own = _logits(llama)
+        own = last_logits(llama)
         importer = StateImporter(llama, seconds_per_position=0.0)
         seconds = importer.write(runtime, PROBE_TOKENS, tokens)
         importer.seconds_per_position = seconds / PROBE_TOKENS
         llama.eval(tokens[PROBE_TOKENS:])
-        whole = _cosine(own, _logits(llama))
+        whole = cosine(own, last_logits(llama))
         half = PROBE_TOKENS // 2
         importer.write(runtime, half, tokens)
         seconds = importer.append(runtime, half, PROBE_TOKENS, tokens)
         beyond = seconds - (PROBE_TOKENS - half) * importer.seconds_per_position
         importer.append_seconds = max(0.0, beyond)
         llama.eval(tokens[PROBE_TOKENS:])
-        appended = _cosine(own, _logits(llama))
+        appended = cosine(own, last_logits(llama))
     except (RuntimeError, ValueError, OSError) as error:
         return None, f"the copy refused the llama.cpp target's keys and values ({error})"
     finally:
