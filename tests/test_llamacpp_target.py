@@ -464,3 +464,111 @@ def test_the_warm_up_makes_a_llamacpp_context_for_both_target_runs(embedded_pair
     target = session.target.runnable(session.settings)
     assert isinstance(target, LlamaCppModel)
     assert len(target._free) >= 2  # the speculative run's and the target alone's
+
+
+def windowed_copy(tiny, window: int):
+    """A copy of the tiny target (its own file) taking the target's keys and
+    values, with `window` held positions, and a target runtime holding 120
+    positions of a random sequence of 121 tokens."""
+    from specrepl.engine.drafters.llamacpp import LlamaCppDrafter
+    from specrepl.engine.drafters.llamacpp_state import probe_state_importer
+
+    _, llama = tiny
+    importer, reason = probe_state_importer(llama.path, llama, context_length=256, threads=1)
+    assert importer is not None, reason
+    importer.held_window = window
+    drafter = LlamaCppDrafter(importer.llama, importer=importer, held_window=window)
+    ids = torch.randint(4, VOCAB, (121,), generator=torch.Generator().manual_seed(5))
+    runtime = llama.open()
+    runtime.score(ids[:120], 1, VOCAB)
+    drafter.begin(ids, VOCAB)
+    drafter.update(ids, 121, target_cache=runtime)
+    return drafter, ids, runtime
+
+
+@pytest.fixture(scope="module")
+def one_layer(tmp_path_factory: pytest.TempPathFactory) -> tuple[torch.nn.Module, LlamaCppModel]:
+    """A one-layer model: its keys and values at a position depend only on the
+    token and the position, not on the tokens before."""
+    model = tiny_llama(VOCAB, hidden_size=64, num_layers=1, sharpness=6.0)
+    path = tiny_gguf(model, tmp_path_factory.mktemp("gguf") / "one-layer.gguf")
+    return model, LlamaCppModel(path, context_length=256, threads=1)
+
+
+def test_a_windowed_copy_holds_the_start_and_the_last_positions_moved_together(
+    one_layer,
+) -> None:
+    """With a held window, a long handover takes the sequence's first
+    SINK_TOKENS and its last `window` positions from the target, moved to
+    follow one another (llama.cpp re-rotates their keys): a one-layer copy
+    then predicts what it predicts after reading those tokens itself, and
+    not what it predicts after reading them at their own positions."""
+    from specrepl.engine.drafters.llamacpp import SINK_TOKENS
+    from specrepl.engine.drafters.llamacpp_kv import cosine, last_logits
+    from specrepl.engine.llamacpp import open_gguf
+
+    drafter, ids, _ = windowed_copy(one_layer, 16)
+    draft = drafter.propose(ids, 1, GreedyProcessor(), None)
+    assert draft.imported_tokens == SINK_TOKENS + 16
+    assert drafter.view.spans == [(0, SINK_TOKENS), (104, 121)]
+    assert drafter.held() == [*ids[:SINK_TOKENS].tolist(), *ids[104:].tolist()]
+    windowed = last_logits(drafter.llama)
+    own = open_gguf(one_layer[1].path, context_length=256, threads=1)
+    own.eval(drafter.held())
+    assert cosine(windowed, last_logits(own)) > 0.999
+    whole = open_gguf(one_layer[1].path, context_length=256, threads=1)
+    whole.eval(ids.tolist())
+    assert cosine(last_logits(whole), last_logits(own)) < 0.99  # the window changed what it sees
+
+
+def test_a_windowed_copy_appends_after_its_window_and_windows_again_past_twice_it(tiny) -> None:
+    """After a windowed handover the copy appends the target's next positions
+    after what it holds; once it would hold more than twice the window it
+    takes the start and the last window again."""
+    from specrepl.engine.drafters.llamacpp import SINK_TOKENS
+
+    drafter, ids, runtime = windowed_copy(tiny, 40)
+    drafter.propose(ids, 1, GreedyProcessor(), None)
+    assert drafter.view.spans == [(0, SINK_TOKENS), (80, 121)]
+    more = torch.cat(
+        [ids, torch.randint(4, VOCAB, (30,), generator=torch.Generator().manual_seed(6))]
+    )
+    runtime.score(more[:150], 1, VOCAB)
+    drafter.update(more, 151, target_cache=runtime)
+    drafter.propose(more, 1, GreedyProcessor(), None)
+    assert drafter.view.spans == [(0, SINK_TOKENS), (80, 151)]
+    assert len(drafter.held()) == SINK_TOKENS + 71
+    longer = torch.cat(
+        [more, torch.randint(4, VOCAB, (40,), generator=torch.Generator().manual_seed(7))]
+    )
+    runtime.score(longer[:190], 1, VOCAB)
+    drafter.update(longer, 191, target_cache=runtime)
+    drafter.propose(longer, 1, GreedyProcessor(), None)
+    assert drafter.view.spans == [(0, SINK_TOKENS), (150, 191)]
+
+
+@pytest.mark.parametrize("window", [8, 32])
+def test_greedy_speculative_equals_the_target_with_a_windowed_copy(tiny, window) -> None:
+    """A chat with a long second turn: the windowed copy drafts, the text is
+    the llama.cpp target's."""
+    from specrepl.engine.drafters.llamacpp import LlamaCppDrafter
+    from specrepl.engine.drafters.llamacpp_state import probe_state_importer
+
+    _, llama = tiny
+    importer, reason = probe_state_importer(llama.path, llama, context_length=256, threads=1)
+    assert importer is not None, reason
+    drafter = LlamaCppDrafter(
+        importer.llama, importer=importer, held_window=window, keep_between_prompts=True
+    )
+    options = {"eos_tokens_id": 3, "vocab_size": VOCAB}
+    kept, history = PromptCache(), list(PROMPT)
+    pasted = torch.randint(4, VOCAB, (60,), generator=torch.Generator().manual_seed(8)).tolist()
+    for turn, user in enumerate(([2, 265, 281], [2, *pasted, 266], [2, 270, 281])):
+        ids = [*history, *user]
+        reference = autoregressive_generate(ids, llama, max_gen_len=16, **options)
+        result = speculative_generate(
+            ids, drafter, llama, gamma=4, max_gen_len=16, prompt_cache=kept, **options
+        )
+        assert result.token_ids == reference.token_ids, turn
+        history = [*ids, *result.token_ids]
+    assert len(drafter.held()) < len(history)

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -37,7 +37,7 @@ from specrepl.engine.llamacpp import import_llamacpp
 from specrepl.engine.processors import LogitsProcessor
 from specrepl.engine.results import Offer
 
-__all__ = ["SINK_TOKENS", "DraftView", "LlamaCppDrafter"]
+__all__ = ["SINK_TOKENS", "DraftView", "Handover", "LlamaCppDrafter"]
 
 SINK_TOKENS = 4
 """Tokens from the sequence's start a windowed view always holds."""
@@ -107,6 +107,15 @@ class DraftView:
         self.tokens.extend(tokens)
 
 
+class Handover(NamedTuple):
+    """A handover of the target's keys and values: its positions start..count-1
+    written after the first `keep` positions the copy holds."""
+
+    start: int
+    count: int
+    keep: int
+
+
 class LlamaCppDrafter(Drafter):
     """Drafts with a `llama_cpp.Llama` holding the drafter model's GGUF file.
 
@@ -133,7 +142,12 @@ class LlamaCppDrafter(Drafter):
     batched read timed when the runtime was chosen and after every read).
     Where the importer appends, only the positions after those it holds are
     written (a chat's new turn), else the whole sequence. It then reads only
-    the last token. No window applies.
+    the last token. The read window does not apply; `held_window` (from
+    llama.cpp targets: `StateImporter.held_window`, measured) bounds instead
+    what the copy holds: a handover that would leave it holding more than
+    twice that keeps the first `SINK_TOKENS` and takes the last
+    `held_window` positions after them, so that attention over a long chat
+    does not make every draft dear.
     """
 
     def __init__(
@@ -145,6 +159,7 @@ class LlamaCppDrafter(Drafter):
         window: int | None = None,
         importer: KvImporter | StateImporter | None = None,
         read_seconds_per_token: float | None = None,
+        held_window: int | None = None,
     ) -> None:
         if window is not None and window < 1:
             raise ValueError(f"window must be >= 1 or None, got {window}")
@@ -164,6 +179,7 @@ class LlamaCppDrafter(Drafter):
         self.context = min(int(llama.n_ctx()), len(llama.input_ids))
         self.keep_between_prompts = keep_between_prompts
         self.window = window
+        self.held_window = held_window if isinstance(importer, StateImporter) else None
         self.uses_target_features = False
         self.view = DraftView()
 
@@ -230,24 +246,40 @@ class LlamaCppDrafter(Drafter):
         unread = len(ids) - self._plan(ids)
         return max(0, min(k, self.context - (len(self.view.tokens) + unread) + 1))
 
-    def _importable(self, ids: list[int]) -> tuple[int, int]:
+    def _importable(self, ids: list[int]) -> Handover:
         """Which positions of `ids` to take from the target's cache before
-        drafting, [start, count) ((0, 0): read instead). Everything but the last
+        drafting (`Handover`; count 0: read instead). Everything but the last
         token, where the target's cache holds it, the stretch is longer than the
         usual one or two tokens, and the write is expected to cost less than
         the read. Where the importer appends and the drafter holds a prefix of
-        `ids`, only what follows it is written."""
+        `ids` (or, with `held_window`, any view), only what follows it is
+        written. With `held_window`, a handover that would leave the copy
+        holding more than twice the window keeps the sequence's first
+        `SINK_TOKENS` and takes its last `held_window` positions after them."""
         if self.importer is None or self._target_cache is None:
-            return 0, 0
+            return Handover(0, 0, 0)
         count = min(self.importer.available(self._target_cache), len(ids) - 1)
         covered = self.view.covered
         unseen = count - covered
         if unseen <= 2:
-            return 0, 0
-        start = covered if self.importer.appends and self.view.spans[:1] == [(0, covered)] else 0
+            return Handover(0, 0, 0)
+        if self.held_window is not None:
+            held = len(self.view.tokens)
+            if held + unseen > SINK_TOKENS + 2 * self.held_window:
+                start = max(SINK_TOKENS, count - self.held_window)
+                first = self.view.spans[0] if self.view.spans else (0, 0)
+                keep = SINK_TOKENS if first[0] == 0 and first[1] >= SINK_TOKENS else 0
+                written = count - start + (SINK_TOKENS - keep)
+                pays = self.import_pays(written, unseen, append=keep > 0)
+                return Handover(start, count, keep) if pays else Handover(0, 0, 0)
+            start, keep = covered, held
+        else:
+            prefix = self.view.spans[:1] == [(0, covered)]
+            start = covered if self.importer.appends and prefix else 0
+            keep = start
         if not self.import_pays(count - start, unseen, append=start > 0):
-            return 0, 0
-        return start, count
+            return Handover(0, 0, 0)
+        return Handover(start, count, keep)
 
     def import_pays(self, written: int, unseen: int, *, append: bool = False) -> bool:
         """Whether writing `written` positions (`append`: after those held) is
@@ -269,10 +301,34 @@ class LlamaCppDrafter(Drafter):
     def _import(self, ids: list[int]) -> tuple[int, float]:
         """Take the target's keys and values where that pays (`_importable`);
         returns the positions written and the seconds taken."""
-        start, count = self._importable(ids)
+        start, count, keep = self._importable(ids)
         if count <= 0:
             return 0, 0.0
-        assert self.importer is not None
+        importer = self.importer
+        assert importer is not None
+        if not isinstance(importer, StateImporter):
+            return self._import_prefix(ids, start, count)
+        written, seconds = 0, 0.0
+        try:
+            if 0 == keep < start:  # the first handover of a window: the sinks first
+                keep = min(SINK_TOKENS, start)
+                seconds += importer.write(self._target_cache, keep, ids)
+                written += keep
+                self.view = DraftView()
+                self.view.extend(0, ids[:keep])
+            seconds += importer.append(self._target_cache, start, count, ids, held=keep)
+        except RuntimeError:  # llama.cpp refused: it holds its first `keep`, read the rest
+            keep = min(keep, self.llama.n_tokens)
+            self.view.cut_view(keep)
+            self.llama.n_tokens = keep
+            return 0, 0.0
+        self.view.cut_view(keep)
+        self.view.extend(start, ids[start:count])
+        return written + count - start, seconds
+
+    def _import_prefix(self, ids: list[int], start: int, count: int) -> tuple[int, float]:
+        """`_import` for an importer that writes the sequence's prefix only."""
+        assert self.importer is not None and not isinstance(self.importer, StateImporter)
         try:
             if start > 0:
                 seconds = self.importer.append(self._target_cache, start, count, ids)

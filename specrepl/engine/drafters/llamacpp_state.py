@@ -41,6 +41,19 @@ PROBE_TOKENS = 24
 MIN_AGREEMENT = 0.99
 """Cosine between the copy's logits after a handover and after its own reading."""
 
+HELD_PROBE = 2048
+"""Positions the copy holds when the cost of its attention is timed."""
+
+ATTENTION_SHARE = 1.0
+"""A copy holding a long chat drafts with a window (`held_window`): it keeps
+as many positions as make its attention cost this share of the rest of its
+one-token step (both measured), so that a long context does not make its
+drafts dear. Its attention costs what the target's does (the same layers,
+heads and float32 keys and values), while the rest is its cheap 4-bit pass."""
+
+MIN_HELD_WINDOW = 256
+"""The fewest positions a windowed copy holds (besides the chat's start)."""
+
 
 class SequenceStates(Protocol):
     """What a target runtime gives the importer (`LlamaCppRuntime` does)."""
@@ -67,6 +80,8 @@ class StateImporter:
     def __init__(self, llama: Any, *, seconds_per_position: float) -> None:
         self.llama = llama
         self.seconds_per_position = seconds_per_position
+        self.held_window: int | None = None
+        """Positions a windowed copy holds (`measure_held_window`; None: all)."""
         self.append_seconds = 0.0
         self._library = import_llamacpp()
         self._memory = self._library.llama_get_memory(llama.ctx)
@@ -91,33 +106,91 @@ class StateImporter:
         self.llama.input_ids[:count] = tokens[:count]
         self.llama.n_tokens = count
         seconds = time.perf_counter() - started
-        self.seconds_per_position = 0.7 * self.seconds_per_position + 0.3 * seconds / count
+        if count >= PROBE_TOKENS:  # a few positions time the call more than the positions
+            self.seconds_per_position = 0.7 * self.seconds_per_position + 0.3 * seconds / count
         return seconds
 
-    def append(self, target: SequenceStates, start: int, count: int, tokens: list[int]) -> float:
-        """Keep the copy's first `start` positions (`tokens[:start]`) and add
-        start..count-1 from the target. RuntimeError where llama.cpp refuses
-        the state (the copy then holds the first `start`)."""
+    def append(
+        self,
+        target: SequenceStates,
+        start: int,
+        count: int,
+        tokens: list[int],
+        *,
+        held: int | None = None,
+    ) -> float:
+        """Keep the copy's first `held` positions (default `start`: the copy
+        holds `tokens[:start]`) and add the target's start..count-1 after
+        them. Where `held` differs from `start` (a windowed view: what the copy
+        holds is not the sequence's prefix) the added keys are moved to the
+        copy's positions (`llama_memory_seq_add`, which re-rotates them).
+        RuntimeError where llama.cpp refuses the state (the copy then holds
+        its first `held`)."""
         self._check(target, start, count, tokens)
-        if start == 0:
+        held = start if held is None else held
+        if start == 0 and held == 0:
             return self.write(target, count, tokens)
         started = time.perf_counter()
         library = self._library
-        library.llama_memory_seq_rm(self._memory, 0, start, -1)
-        self.llama.n_tokens = start
+        library.llama_memory_seq_rm(self._memory, 0, held, -1)
+        self.llama.n_tokens = held
         try:
             self._set(target, start, count, 1)
         except RuntimeError:
             library.llama_memory_seq_rm(self._memory, 1, -1, -1)
             raise
+        if held != start:
+            library.llama_memory_seq_add(self._memory, 1, start, count, held - start)
         library.llama_memory_seq_cp(self._memory, 1, 0, -1, -1)
         library.llama_memory_seq_rm(self._memory, 1, -1, -1)
-        self.llama.input_ids[start:count] = tokens[start:count]
-        self.llama.n_tokens = count
+        end = held + count - start
+        self.llama.input_ids[held:end] = tokens[start:count]
+        self.llama.n_tokens = end
         seconds = time.perf_counter() - started
         beyond = max(0.0, seconds - (count - start) * self.seconds_per_position)
         self.append_seconds = 0.7 * self.append_seconds + 0.3 * beyond
         return seconds
+
+    def measure_held_window(self, target: SequenceStates, tokens: list[int]) -> str:
+        """Time the copy's one-token step holding `PROBE_TOKENS` positions and
+        holding `HELD_PROBE` (the target's `PROBE_TOKENS` written again and
+        again at later positions: the cost of attention does not depend on
+        what the keys hold), set `held_window` from the two, and say so."""
+        short = self._step_seconds(tokens[PROBE_TOKENS])
+        held = PROBE_TOKENS
+        limit = min(HELD_PROBE, int(self.llama.n_ctx()) - 2 * PROBE_TOKENS)
+        while held + PROBE_TOKENS <= limit:
+            self.append(target, 0, PROBE_TOKENS, tokens, held=held)
+            held += PROBE_TOKENS
+        long = self._step_seconds(tokens[PROBE_TOKENS])
+        self.llama.n_tokens = 0
+        self._library.llama_memory_seq_rm(self._memory, 0, -1, -1)
+        if held < 4 * PROBE_TOKENS:
+            return "holds the whole chat (its context is too short to time its attention)"
+        per_position = (long - short) / (held - PROBE_TOKENS)
+        rest = short - PROBE_TOKENS * per_position
+        if per_position <= 0 or rest <= 0:
+            return "holds the whole chat (its attention cost too little to time)"
+        self.held_window = max(MIN_HELD_WINDOW, int(ATTENTION_SHARE * rest / per_position))
+        return (
+            f"holds the chat's start and its last {self.held_window} positions at most"
+            f" (a step: {rest * 1e3:.1f} ms + {per_position * 1e6:.1f} us a held position)"
+        )
+
+    def _step_seconds(self, token: int, repeats: int = 7) -> float:
+        """Seconds of one token fed after what the copy holds: the least of
+        `repeats` (the first feed warms up and applies any moved positions;
+        the least, as other work on the machine only adds)."""
+        held = self.llama.n_tokens
+        times = []
+        for repeat in range(repeats + 1):
+            self.llama.n_tokens = held
+            started = time.perf_counter()
+            self.llama.eval([token])
+            if repeat:
+                times.append(time.perf_counter() - started)
+        self.llama.n_tokens = held
+        return min(times)
 
     def _check(self, target: SequenceStates, start: int, count: int, tokens: list[int]) -> None:
         if not 0 <= start < count or target.length < count or len(tokens) < count:
@@ -132,6 +205,16 @@ class StateImporter:
             if sequence == 0:
                 self.llama.n_tokens = 0
             raise RuntimeError(f"llama.cpp took {read} of {size} bytes of keys and values")
+
+
+def _held_window(importer: StateImporter, runtime: SequenceStates, tokens: list[int]) -> str:
+    """`measure_held_window` after a fresh handover of the probe, and what it found."""
+    importer.write(runtime, PROBE_TOKENS, tokens)
+    try:
+        return importer.measure_held_window(runtime, tokens)
+    except RuntimeError as error:  # llama.cpp refused to move positions
+        importer.held_window = None
+        return f"holds the whole chat (a window could not be made: {error})"
 
 
 def probe_state_importer(
@@ -179,16 +262,17 @@ def probe_state_importer(
         importer.append_seconds = max(0.0, beyond)
         llama.eval(tokens[PROBE_TOKENS:])
         appended = cosine(own, last_logits(llama))
+        if min(whole, appended) < MIN_AGREEMENT:
+            return None, (
+                "the copy predicts otherwise from the llama.cpp target's keys and values"
+                f" (cosine {min(whole, appended):.3f})"
+            )
+        held = _held_window(importer, runtime, tokens)
     except (RuntimeError, ValueError, OSError) as error:
         return None, f"the copy refused the llama.cpp target's keys and values ({error})"
     finally:
         llama.n_tokens = 0
-    if min(whole, appended) < MIN_AGREEMENT:
-        return None, (
-            "the copy predicts otherwise from the llama.cpp target's keys and values"
-            f" (cosine {min(whole, appended):.3f})"
-        )
     return importer, (
         "takes the llama.cpp target's keys and values, new positions only"
-        f" (checked: cosine {min(whole, appended):.4f} on the probe)"
+        f" (checked: cosine {min(whole, appended):.4f} on the probe); {held}"
     )
