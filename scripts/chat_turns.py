@@ -175,6 +175,8 @@ def main() -> int:
         if answer.refusal:
             print(f"turn {number}: refused: {answer.refusal}")
             return 1
+        if answer.prompt_tokens != len(ids):  # the session cut the chat to fit: the peer too
+            ids = session.prompt_ids(turn, session.history[:-2])
         row = turn_figures(answer, pauses, events)
         rows.append(row)
         sources = " ".join(f"{s}:{a}/{d}" for s, (d, a) in row["drafts_by_source"].items())
