@@ -142,8 +142,8 @@ class LlamaCppDrafter(Drafter):
     batched read timed when the runtime was chosen and after every read).
     Where the importer appends, only the positions after those it holds are
     written (a chat's new turn), else the whole sequence. It then reads only
-    the last token. The read window does not apply; `held_window` (from
-    llama.cpp targets: `StateImporter.held_window`, measured) bounds instead
+    the last token. The read window does not apply; `held_window` (default,
+    for a llama.cpp target: `StateImporter.held_window`, measured) bounds instead
     what the copy holds: a handover that would leave it holding more than
     twice that keeps the first `SINK_TOKENS` and takes the last
     `held_window` positions after them, so that attention over a long chat
@@ -179,7 +179,11 @@ class LlamaCppDrafter(Drafter):
         self.context = min(int(llama.n_ctx()), len(llama.input_ids))
         self.keep_between_prompts = keep_between_prompts
         self.window = window
-        self.held_window = held_window if isinstance(importer, StateImporter) else None
+        if not isinstance(importer, StateImporter):
+            held_window = None
+        elif held_window is None:
+            held_window = importer.held_window  # measured when the importer was probed
+        self.held_window = held_window
         self.uses_target_features = False
         self.view = DraftView()
 

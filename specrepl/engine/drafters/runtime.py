@@ -158,7 +158,6 @@ class RuntimeChoice:
             window=self.read_window(options.window, target_step_seconds),
             importer=importer,
             read_seconds_per_token=self.seconds.get("llamacpp_read"),
-            held_window=importer.held_window if isinstance(importer, StateImporter) else None,
         )
 
     def importer(self, target: PreTrainedModel) -> KvImporter | None:
