@@ -16,7 +16,7 @@ import specrepl.engine.drafters.runtime as runtime_choice
 from specrepl.chat.session import ChatSession
 from specrepl.chat.settings import Settings
 from specrepl.engine.drafters.hybrid import HybridDrafter
-from specrepl.engine.drafters.llamacpp import LlamaCppDrafter
+from specrepl.engine.drafters.llamacpp import LlamaCppDraftRuntime
 from specrepl.engine.processors import GreedyProcessor, NucleusProcessor, TopKProcessor
 from specrepl.engine.widths import WidthPlan
 from specrepl.measure.bench import llamacpp, tables
@@ -178,7 +178,7 @@ def test_bench_and_the_repl_build_the_same_llamacpp_drafter(
         tuning.plan = None
     for drafter in (repl, bench):
         assert isinstance(drafter, HybridDrafter)
-        assert isinstance(drafter.model, LlamaCppDrafter)
+        assert isinstance(drafter.model.runtime, LlamaCppDraftRuntime)
         assert (drafter.model.importer is not None) == takes_keys
         assert drafter.uses_target_cache == takes_keys
     assert repl.model.window == bench.model.window

@@ -424,7 +424,7 @@ def test_a_copy_of_the_target_takes_its_keys_and_values_and_never_reads_a_prompt
     )
     try:
         drafter = built(copy, copy_of_target=True)
-        drafter.cache_dtype = torch.bfloat16  # cast, whatever this machine measures
+        drafter.importer.cache_dtype = torch.bfloat16  # cast, whatever this machine measures
         prompt = PROMPTS[0]
         events: list[StepEvent] = []
         result = speculative_generate(
@@ -439,7 +439,7 @@ def test_a_copy_of_the_target_takes_its_keys_and_values_and_never_reads_a_prompt
     # what the drafter holds is the target's keys and values, rounded to bfloat16
     reference = new_cache(target)
     forward_logits(target, torch.tensor(prompt + result.token_ids[:-1]), reference, 1, 32)
-    held = drafter.cache
+    held = drafter.runtime.cache
     assert held is not None and cached_length(held) >= len(prompt)
     for mine, theirs in zip(held.layers, reference.layers, strict=True):
         length = mine.keys.shape[-2]

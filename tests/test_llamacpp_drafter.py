@@ -24,8 +24,9 @@ import specrepl.engine.drafters.runtime as runtime_choice
 import specrepl.engine.llamacpp as llamacpp
 from specrepl.chat.settings import SettingError
 from specrepl.engine.drafters.builder import DrafterSpec, build_drafter
+from specrepl.engine.drafters.draft_view import DraftView
 from specrepl.engine.drafters.hybrid import HybridDrafter
-from specrepl.engine.drafters.llamacpp import DraftView, LlamaCppDrafter
+from specrepl.engine.drafters.llamacpp import LlamaCppDraftRuntime, llamacpp_drafter
 from specrepl.engine.drafters.lookup import LookupDrafter
 from specrepl.engine.drafters.options import DrafterOptions
 from specrepl.engine.drafters.runtime import RuntimeChoice, auto_window, choose_runtime
@@ -63,7 +64,7 @@ def test_greedy_output_is_the_targets(embedded_pair: ModelPair, llama, gamma, us
         reference = autoregressive_generate(ids, target, max_gen_len=24, **options)
         auto = isinstance(gamma, str)
         policy = make_policy("auto", int(gamma.split(":")[1])) if auto else gamma
-        drafter = LlamaCppDrafter(llama)
+        drafter = llamacpp_drafter(llama)
         result = speculative_generate(ids, drafter, target, gamma=policy, max_gen_len=24, **options)
         assert result.token_ids == reference.token_ids
         assert result.accepted > 0  # the same weights in 4 bits: most drafts are right
@@ -83,7 +84,9 @@ def test_hybrid_with_llamacpp_keeps_the_target_output(
         model=embedded_pair.drafter.model,
         runtime=RuntimeChoice(llama, "asked for"),
     )
-    assert isinstance(drafter, HybridDrafter) and isinstance(drafter.model, LlamaCppDrafter)
+    assert isinstance(drafter, HybridDrafter) and isinstance(
+        drafter.model.runtime, LlamaCppDraftRuntime
+    )
     ids = ids_of(embedded_pair, "Repeat after me: the quick brown fox jumps over the lazy dog.")
     reference = autoregressive_generate(ids, target, max_gen_len=32, **options)
     result = speculative_generate(
@@ -96,7 +99,7 @@ def test_a_kept_chat_prefix_is_not_read_again(embedded_pair: ModelPair, llama) -
     target = embedded_pair.target.model
     options = embedded_pair.generation_options(use_cache=True)
     counting = CountingLlama(llama)
-    drafter = LlamaCppDrafter(counting, keep_between_prompts=True)
+    drafter = llamacpp_drafter(counting, keep_between_prompts=True)
     first = ids_of(embedded_pair, PROMPTS[0])
     answer = speculative_generate(first, drafter, target, gamma=4, max_gen_len=12, **options)
     history = [
@@ -112,14 +115,14 @@ def test_a_kept_chat_prefix_is_not_read_again(embedded_pair: ModelPair, llama) -
     # only what the last generation did not leave behind
     assert counting.fed[0] < len(second) - len(first) + 3
     # without keeping, a new generation reads its whole prompt and the first token
-    fresh = LlamaCppDrafter(counting)
+    fresh = llamacpp_drafter(counting)
     counting.fed.clear()
     speculative_generate(second, fresh, target, gamma=4, max_gen_len=4, **options)
     assert counting.fed[0] == len(second) + 1
 
 
 def test_forget_empties_the_state(llama) -> None:
-    drafter = LlamaCppDrafter(llama, keep_between_prompts=True)
+    drafter = llamacpp_drafter(llama, keep_between_prompts=True)
     drafter.begin(torch.tensor([1, 2, 3]), drafter.width)
     drafter.propose(torch.tensor([1, 2, 3]), 2, GreedyProcessor(), None)
     assert drafter.held()
@@ -131,7 +134,7 @@ def test_drafts_stop_at_the_end_of_llamas_context(embedded_pair: ModelPair) -> N
     if not HAS_LLAMA_CPP:
         pytest.skip("llama-cpp-python is not installed")
     small = open_gguf(embedded_gguf_path(), context_length=32, threads=1)
-    drafter = LlamaCppDrafter(small)
+    drafter = llamacpp_drafter(small)
     end = drafter.context
     assert end == 32
     drafter.begin(torch.arange(end - 2), drafter.width)
@@ -147,7 +150,7 @@ def test_sampling_follows_the_targets_exact_law(embedded_pair: ModelPair, llama)
     processor = TopKProcessor(temperature=2.0, top_k=3)
     ids = ids_of(embedded_pair, "Pick a random word.")
     # both sides read the prompt once: llama.cpp keeps it, the target's cache is kept
-    drafter = LlamaCppDrafter(llama, keep_between_prompts=True)
+    drafter = llamacpp_drafter(llama, keep_between_prompts=True)
     options = embedded_pair.generation_options(use_cache=True)
     assert_speculative_sampling_is_exact(target, drafter, ids, processor, options)
 
@@ -196,7 +199,7 @@ def test_a_windowed_drafter_reads_little_of_a_pasted_document_and_keeps_the_outp
     target = embedded_pair.target.model
     options = embedded_pair.generation_options(use_cache=True)
     counting = CountingLlama(llama)
-    drafter = LlamaCppDrafter(counting, keep_between_prompts=True, window=24)
+    drafter = llamacpp_drafter(counting, keep_between_prompts=True, window=24)
     pasted = " ".join(f"Item {n} costs {n * 3} dollars." for n in range(40))
     turns = ["Name a colour.", f"Sum up this list: {pasted}", "Thanks. And one more colour?"]
     history: list[dict[str, str]] = []
@@ -269,10 +272,12 @@ def test_the_session_drafts_in_llamacpp_when_asked(
         embedded_pair, Settings(drafter_kind="hybrid", drafter_runtime="llamacpp")
     )
     drafter = session._drafter(session.settings)
-    assert isinstance(drafter, HybridDrafter) and isinstance(drafter.model, LlamaCppDrafter)
+    assert isinstance(drafter, HybridDrafter) and isinstance(
+        drafter.model.runtime, LlamaCppDraftRuntime
+    )
     assert session.runtime_summary().startswith("llama.cpp")
     session.update(drafter_runtime="torch")
-    assert not isinstance(session._drafter(session.settings).model, LlamaCppDrafter)
+    assert not isinstance(session._drafter(session.settings).model.runtime, LlamaCppDraftRuntime)
 
 
 @pytest.mark.embedded
@@ -309,7 +314,7 @@ def test_the_session_holds_no_torch_drafter_while_llamacpp_drafts(llama, monkeyp
 
 
 def test_hybrid_forgets_what_llamacpp_holds(llama) -> None:
-    inner = LlamaCppDrafter(llama, keep_between_prompts=True)
+    inner = llamacpp_drafter(llama, keep_between_prompts=True)
     hybrid = HybridDrafter(inner, LookupDrafter(3))
     assert hybrid.width == inner.width and not hybrid.uses_target_features
     hybrid.begin(torch.tensor([5, 6, 7]), inner.width)

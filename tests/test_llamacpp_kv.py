@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 import torch
 
-from specrepl.engine.drafters.llamacpp import LlamaCppDrafter
+from specrepl.engine.drafters.llamacpp import llamacpp_drafter
 from specrepl.engine.drafters.llamacpp_kv import (
     LayoutError,
     _export,
@@ -169,7 +169,7 @@ def test_a_drafter_taking_the_targets_keys_keeps_the_output_and_reads_little(
     assert importer is not None, reason
     options = embedded_pair.generation_options(use_cache=True)
     counting = CountingLlama(llama)
-    drafter = LlamaCppDrafter(
+    drafter = llamacpp_drafter(
         counting, keep_between_prompts=True, importer=importer, read_seconds_per_token=0.003
     )
     assert drafter.uses_target_cache and drafter.window is None
@@ -212,7 +212,7 @@ def test_a_refused_append_leaves_the_drafter_reading(
 
     monkeypatch.setattr(importer, "_set", refused)
     options = embedded_pair.generation_options(use_cache=True)
-    drafter = LlamaCppDrafter(
+    drafter = llamacpp_drafter(
         llama, keep_between_prompts=True, importer=importer, read_seconds_per_token=0.003
     )
     history: list[dict[str, str]] = []
@@ -237,7 +237,7 @@ def test_a_drafter_reads_where_reading_costs_less(embedded_pair: ModelPair, llam
     target = embedded_pair.target.model
     importer, reason = probe_importer(llama, target)
     assert importer is not None, reason
-    drafter = LlamaCppDrafter(llama, importer=importer, read_seconds_per_token=1e-9)
+    drafter = llamacpp_drafter(llama, importer=importer, read_seconds_per_token=1e-9)
     ids = prompt_ids(embedded_pair.tokenizer, "Name a colour.", chat=True, system_prompt=None)
     options = embedded_pair.generation_options(use_cache=True)
     result = speculative_generate(ids, drafter, target, gamma=4, max_gen_len=12, **options)

@@ -201,13 +201,13 @@ def test_the_embedded_float32_file_gives_the_torch_targets_text(embedded_pair, e
     """The float32 copy holds exactly the weights torch de-quantized: the same greedy
     tokens as the torch target, and the copy in llama.cpp drafting against it
     gives them too."""
-    from specrepl.engine.drafters.llamacpp import LlamaCppDrafter
+    from specrepl.engine.drafters.llamacpp import llamacpp_drafter
     from specrepl.engine.llamacpp import open_gguf
     from specrepl.models.prompting import prompt_ids
 
     target = embedded_pair.target
     options = embedded_pair.generation_options(use_cache=True)
-    copy = LlamaCppDrafter(open_gguf(target.gguf, context_length=2048))
+    copy = llamacpp_drafter(open_gguf(target.gguf, context_length=2048))
     kept = PromptCache()
     for text in ("Name three colours of the rainbow.", "Write one sentence about the sea."):
         ids = prompt_ids(embedded_pair.tokenizer, text, chat=True, system_prompt=None)
@@ -387,7 +387,7 @@ def test_a_llamacpp_copy_takes_the_llamacpp_targets_keys_and_values(embedded_pai
     from specrepl.chat.answers import RunStep
     from specrepl.chat.session import ChatSession
     from specrepl.chat.settings import Settings
-    from specrepl.engine.drafters.llamacpp import LlamaCppDrafter
+    from specrepl.engine.drafters.llamacpp import LlamaCppDraftRuntime
     from specrepl.engine.drafters.llamacpp_state import StateImporter
 
     settings = Settings(
@@ -396,7 +396,7 @@ def test_a_llamacpp_copy_takes_the_llamacpp_targets_keys_and_values(embedded_pai
     )  # fmt: skip
     session = ChatSession(embedded_pair, settings)
     drafter = session._drafter(session.settings)
-    assert isinstance(drafter, LlamaCppDrafter)
+    assert isinstance(drafter.runtime, LlamaCppDraftRuntime)
     assert isinstance(drafter.importer, StateImporter), session.drafter_runtime().describe()
     assert drafter.uses_target_cache and drafter.window is None
     document = "The river town grew around a mill, a bridge and a market square. " * 30
@@ -470,14 +470,14 @@ def windowed_copy(tiny, window: int):
     """A copy of the tiny target (its own file) taking the target's keys and
     values, with `window` held positions, and a target runtime holding 120
     positions of a random sequence of 121 tokens."""
-    from specrepl.engine.drafters.llamacpp import LlamaCppDrafter
+    from specrepl.engine.drafters.llamacpp import llamacpp_drafter
     from specrepl.engine.drafters.llamacpp_state import probe_state_importer
 
     _, llama = tiny
     importer, reason = probe_state_importer(llama.path, llama, context_length=256, threads=1)
     assert importer is not None, reason
     importer.held_window = window
-    drafter = LlamaCppDrafter(importer.llama, importer=importer, held_window=window)
+    drafter = llamacpp_drafter(importer.llama, importer=importer, held_window=window)
     ids = torch.randint(4, VOCAB, (121,), generator=torch.Generator().manual_seed(5))
     runtime = llama.open()
     runtime.score(ids[:120], 1, VOCAB)
@@ -503,7 +503,7 @@ def test_a_windowed_copy_holds_the_start_and_the_last_positions_moved_together(
     follow one another (llama.cpp re-rotates their keys): a one-layer copy
     then predicts what it predicts after reading those tokens itself, and
     not what it predicts after reading them at their own positions."""
-    from specrepl.engine.drafters.llamacpp import SINK_TOKENS
+    from specrepl.engine.drafters.draft_view import SINK_TOKENS
     from specrepl.engine.drafters.llamacpp_kv import cosine, last_logits
     from specrepl.engine.llamacpp import open_gguf
 
@@ -512,7 +512,7 @@ def test_a_windowed_copy_holds_the_start_and_the_last_positions_moved_together(
     assert draft.imported_tokens == SINK_TOKENS + 16
     assert drafter.view.spans == [(0, SINK_TOKENS), (104, 121)]
     assert drafter.held() == [*ids[:SINK_TOKENS].tolist(), *ids[104:].tolist()]
-    windowed = last_logits(drafter.llama)
+    windowed = last_logits(drafter.runtime.llama)
     own = open_gguf(one_layer[1].path, context_length=256, threads=1)
     own.eval(drafter.held())
     assert cosine(windowed, last_logits(own)) > 0.999
@@ -525,7 +525,7 @@ def test_a_windowed_copy_appends_after_its_window_and_windows_again_past_twice_i
     """After a windowed handover the copy appends the target's next positions
     after what it holds; once it would hold more than twice the window it
     takes the start and the last window again."""
-    from specrepl.engine.drafters.llamacpp import SINK_TOKENS
+    from specrepl.engine.drafters.draft_view import SINK_TOKENS
 
     drafter, ids, runtime = windowed_copy(tiny, 40)
     drafter.propose(ids, 1, GreedyProcessor(), None)
@@ -551,13 +551,13 @@ def test_a_windowed_copy_appends_after_its_window_and_windows_again_past_twice_i
 def test_greedy_speculative_equals_the_target_with_a_windowed_copy(tiny, window) -> None:
     """A chat with a long second turn: the windowed copy drafts, the text is
     the llama.cpp target's."""
-    from specrepl.engine.drafters.llamacpp import LlamaCppDrafter
+    from specrepl.engine.drafters.llamacpp import llamacpp_drafter
     from specrepl.engine.drafters.llamacpp_state import probe_state_importer
 
     _, llama = tiny
     importer, reason = probe_state_importer(llama.path, llama, context_length=256, threads=1)
     assert importer is not None, reason
-    drafter = LlamaCppDrafter(
+    drafter = llamacpp_drafter(
         importer.llama, importer=importer, held_window=window, keep_between_prompts=True
     )
     options = {"eos_tokens_id": 3, "vocab_size": VOCAB}

@@ -225,6 +225,9 @@ class KvImporter:
     `append_seconds` for an append's cost beyond its positions), so the
     drafter can weigh them against reading the unseen tokens itself."""
 
+    moves = False  # positions are written where the target holds them
+    fewest_positions = 3  # one or two cost a call more than a read in the drafting pass
+
     def __init__(
         self,
         llama: Any,
@@ -478,11 +481,8 @@ def probe_importer(
             return None, reason
         importer, taken_logits = _timed_importer(llama, matched, cache, tokens)
         similarity = cosine(own_logits, taken_logits)
-        writes = (
-            ""
-            if similarity < MIN_AGREEMENT
-            else _checked_appends(importer, cache, tokens, own_logits)
-        )
+        agrees = similarity >= MIN_AGREEMENT
+        writes = _checked_appends(importer, cache, tokens, own_logits) if agrees else ""
     except LayoutError as error:
         return None, f"llama.cpp's sequence state is not one this version knows ({error})"
     except (RuntimeError, ValueError, OSError) as error:
@@ -490,10 +490,7 @@ def probe_importer(
     finally:
         llama.n_tokens = 0
     if similarity < MIN_AGREEMENT:  # (random tokens: near ties make argmax a poor test)
-        return (
-            None,
-            f"llama.cpp predicts otherwise from the target's keys (cosine {similarity:.3f})",
-        )
+        return None, f"llama.cpp predicts otherwise from the target's keys ({similarity:.3f})"
     return importer, (
         f"takes the target's keys and values (checked: cosine {similarity:.4f} on the probe), "
         f"{writes}"

@@ -72,10 +72,13 @@ class StateImporter:
     `write` makes the copy hold the first `count` positions; `append` keeps
     the first `start` it holds and adds start..count-1. Both are timed at
     every call (`seconds_per_position`, `append_seconds` beyond the
-    positions) so that `LlamaCppDrafter` can weigh a handover against a read.
+    positions) so that the drafter (`model.ModelDrafter`) can weigh a handover against a read.
     """
 
     appends = True
+    moves = True  # `append(..., held=)` puts positions after a window the copy holds
+    fewest_positions = 3  # one or two cost a call more than a read in the drafting pass
+    """`append` can put the target's positions after a window the copy holds."""
 
     def __init__(self, llama: Any, *, seconds_per_position: float) -> None:
         self.llama = llama

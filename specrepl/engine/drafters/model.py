@@ -1,38 +1,46 @@
-"""The model drafter: a small causal LM (or a cheaper copy of the target) run in torch.
+"""The model drafter: a causal LM (smaller, or a cheaper copy of the target) over a draft runtime.
 
-`ModelDrafter` drafts token by token with its own KV cache; a copy of the
-target (`is_copy_of`) takes the target's keys and values instead of reading
-the context itself. `as_drafter` wraps a bare model passed to the library API.
-This module knows nothing of the other kinds of drafter, of llama.cpp or of
-settings.
+`ModelDrafter` is the one drafter that runs a model, whatever runs it: a
+`draft_runtime.DraftRuntime` (torch: `TorchDraftRuntime`; llama.cpp:
+`llamacpp.LlamaCppDraftRuntime`) feeds it tokens and gives the logits after
+the last. Everything else is the drafter's own and the same in every runtime:
+which tokens the runtime holds (`draft_view.DraftView`), how much of a long
+unseen stretch it reads (`window`), and, for a copy of the target, when it
+takes the target's keys and values instead of reading (an
+`draft_runtime.Importer`, weighed against the measured cost of a read) and
+how much of a long chat it holds (`held_window`, where the importer can move
+positions). `is_copy_of` says whether a model holds the target's weights;
+`as_drafter` wraps a bare model passed to the library API.
+
+This module knows nothing of the other kinds of drafter, of llama.cpp, of how
+runtimes are chosen or of settings.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import replace
+from typing import Any
 
 import torch
-from transformers import DynamicCache, PreTrainedModel
+from transformers import PreTrainedModel
 
-from specrepl.engine.devices import synchronize
 from specrepl.engine.drafters.base import Draft, Drafter, collect_draft, next_draft
-from specrepl.engine.drafters.head_store import target_fingerprint
-from specrepl.engine.forward import context_length, forward_logits, logits_width, model_device
-from specrepl.engine.kv_cache import (
-    cached_length,
-    can_copy_positions,
-    copy_positions,
-    new_cache,
-    rollback_to,
+from specrepl.engine.drafters.draft_runtime import (
+    DraftRuntime,
+    Importer,
+    TorchDraftRuntime,
+    TorchImporter,
 )
+from specrepl.engine.drafters.draft_view import SINK_TOKENS, DraftView, Handover
+from specrepl.engine.drafters.head_store import target_fingerprint
 from specrepl.engine.processors import LogitsProcessor
-from specrepl.engine.prompt_cache import PromptCache
 from specrepl.engine.results import Offer
-from specrepl.engine.runtime import ModelRuntime
 from specrepl.engine.tuning import Tuning
 
 __all__ = ["ModelDrafter", "as_drafter", "is_copy_of"]
+
+NO_HANDOVER = Handover(0, 0, 0)
 
 
 def is_copy_of(model: PreTrainedModel, target: PreTrainedModel) -> bool:
@@ -44,98 +52,249 @@ def is_copy_of(model: PreTrainedModel, target: PreTrainedModel) -> bool:
 
 
 class ModelDrafter(Drafter):
-    """A small causal LM that shares the target's tokenizer (or a cheaper copy of the target).
+    """Drafts with a model over a `DraftRuntime` (a transformers model is run in torch).
 
-    `copy_of_target` (a copy of the target's own weights, e.g. in bfloat16,
-    see `is_copy_of`; with the cache on and no window): after every
-    verification the drafter takes the target's keys and values for the
-    positions it has not read, cast to its own precision, instead of
-    computing them. It never reads a prompt (a cheaper copy may still read a
-    long one slower than the target: bfloat16 on a CPU without bfloat16
-    arithmetic) nor catches up on tokens it did not draft; in exchange it
-    drafts nothing before the target's first pass of a generation. Without a
-    target cache (the target runs uncached) it reads for itself.
+    Each `propose` brings the runtime to the sequence (keeping what it already
+    holds, feeding the rest in one pass), then drafts up to k tokens, feeding
+    each but the last back. `update` cuts back to the tokens verification
+    kept. With `keep_between_prompts` a new generation keeps what it shares
+    with the last one (a chat); otherwise it starts empty. `use_cache` and
+    `tuning` are for a transformers model (`TorchDraftRuntime`; without a
+    cache every pass reads the whole sequence again).
 
-    `tuning` is the drafter model's (`tuning.Tuning`, from whoever loaded
-    it): its passes run with its width plan, and a copy whose tuning says it
-    attends in its cache's dtype (the loader measured that cheaper on this
-    machine, `copy_attention.py`) keeps the target's keys and values uncast;
-    otherwise they are cast to the copy's dtype. None: untuned, always cast.
+    `window` bounds one read: of a longer unseen stretch only the last
+    `window` tokens are read (`DraftView`, after the sequence's first
+    `SINK_TOKENS`), so a pasted document costs the drafter a short read while
+    the target reads all of it (the output does not change: the target
+    verifies). None reads everything. Several drafters may share one runtime:
+    each checks its view against what the runtime says it holds.
+
+    A copy of the target (`copy_of_target` with a transformers model and a
+    cache: `TorchImporter`; or an `importer` for another runtime) sees
+    everything and reads almost nothing: it asks for the target's cache
+    (`uses_target_cache`), and before drafting after an unseen stretch it
+    takes the target's keys and values for it, where that is expected to cost
+    less than reading it (`import_pays`: the importer's measured seconds per
+    position against `read_seconds_per_token`, the batched read timed when
+    the runtime was chosen and after every read; None: always). Where the
+    importer appends, only the positions after those it holds are written (a
+    chat's new turn), else the whole sequence. It then reads only the last
+    token. The read window does not apply; `held_window` (default: the
+    importer's own, for one that `moves` positions) bounds instead what the
+    copy holds: a handover that would leave it holding more than twice that
+    keeps the first `SINK_TOKENS` and takes the last `held_window` positions
+    after them, so that attention over a long chat does not make every draft
+    dear. The first step of a generation is the target's own prompt pass, so
+    a copy has the target's keys and values before it drafts.
     """
 
     def __init__(
         self,
-        model: PreTrainedModel,
+        runtime: DraftRuntime | PreTrainedModel,
         *,
         use_cache: bool = True,
+        tuning: Tuning | None = None,
         name: str = "model",
         window: int | None = None,
         keep_between_prompts: bool = False,
         copy_of_target: bool = False,
-        tuning: Tuning | None = None,
+        importer: Importer | None = None,
+        read_seconds_per_token: float | None = None,
+        held_window: int | None = None,
     ) -> None:
         if window is not None and window < 1:
             raise ValueError(f"window must be >= 1 or None, got {window}")
-        self.model = model
-        self.name = name
+        if isinstance(runtime, PreTrainedModel):
+            runtime = TorchDraftRuntime(runtime, tuning=tuning, use_cache=use_cache)
+            if copy_of_target and importer is None and use_cache:
+                importer = TorchImporter(runtime)
+        self.runtime = runtime
+        self.importer = importer
+        self.read_seconds_per_token = read_seconds_per_token
+        self.uses_target_cache = importer is not None
         self.uses_target_features = False
-        self.uses_target_cache = copy_of_target and use_cache and window is None
-        self._seeded = False  # this generation takes the target's cache (set by `begin`)
-        self.use_cache = use_cache
-        self.window = window
-        self.device = model_device(model)
-        self.width = logits_width(model)
-        self.context = context_length(model)
+        self._target_cache: Any = None  # the target's, between `update` and the next draft
+        self.window = None if importer is not None else window
+        if importer is None or not importer.moves:
+            held_window = None
+        elif held_window is None:
+            held_window = getattr(importer, "held_window", None)  # measured at its probe
+        self.held_window = held_window
+        self.name = name
+        self.width = runtime.width
         self.vocab_size = self.width
+        self.context = runtime.context
         self.keep_between_prompts = keep_between_prompts
-        self.cache: DynamicCache | None = None
-        self.offset = 0
-        self._kept = PromptCache()  # the cache between generations, with keep_between_prompts
-        self._runtime: ModelRuntime | None = None  # what `_kept` keeps (keep_between_prompts)
-        self.tuning = Tuning() if tuning is None else tuning
-        self.cache_dtype: torch.dtype | None = None
-        """The dtype the target's keys and values are kept in (None: not decided yet)."""
+        self.view = DraftView()
+
+    @property
+    def model(self) -> Any:
+        """What the runtime runs (a transformers model, a llama.cpp binding)."""
+        return self.runtime.model
 
     def begin(self, prompt: torch.Tensor, vocab_size: int) -> None:
-        """A `window` lets the drafter read only the prompt's last `window`
-        tokens: a long prompt then costs the drafter a short prefill (the
-        target still reads all of it, so the output does not change).
-
-        With `keep_between_prompts` (and no window), the cache of the last
-        generation is cropped to what the new prompt shares with it."""
-        self.vocab_size = vocab_size
-        self._runtime = None
-        self.offset = 0 if self.window is None else max(0, prompt.shape[0] - self.window)
-        if not self.use_cache:
-            self.cache = None
-        elif self.keep_between_prompts and self.window is None:
-            self._runtime, _ = self._kept.take(self.model, prompt.tolist(), tuning=self.tuning)
-            self.cache = self._runtime.key_values()
-        else:
-            self.cache = new_cache(self.model)
-        self._seeded = (
-            self.uses_target_cache and self.cache is not None and can_copy_positions(self.cache)
-        )
+        self.vocab_size = min(vocab_size, self.width)
+        if not self.keep_between_prompts:
+            self.forget()
 
     def forget(self) -> None:
-        self.cache = None
-        self._runtime = None
-        self._kept.drop()
+        self.runtime.forget()
+        self.view = DraftView()
+        self._target_cache = None
 
-    def _room(self, sequence: torch.Tensor, k: int) -> int:
-        """How many of k drafts the drafter can give for `sequence` now."""
-        seen = sequence.shape[0] - self.offset
-        if self._seeded and seen - cached_length(self.cache) > 1:
-            # tokens the target has not read yet: it will, and hand over their keys and values
+    def held(self) -> list[int]:
+        """The tokens the runtime holds keys and values for."""
+        return self.runtime.held()
+
+    def _sync(self, ids: list[int]) -> None:
+        """Cut the view to what the runtime still holds (another drafter may
+        have used it) and to what `ids` still agrees with, the last token
+        excepted (it is fed again for its logits)."""
+        held = self.runtime.held()
+        mine = self.view.tokens
+        same = min(len(held), len(mine))
+        if held[:same] != mine[:same]:
+            same = next(i for i, (a, b) in enumerate(zip(held, mine, strict=False)) if a != b)
+        self.view.cut_view(min(same, self.view.agreeing(ids)))
+        self.view.cut_view(self.view.held_before(len(ids) - 1))
+
+    def _plan(self, ids: list[int]) -> int:
+        """Where the next read starts in `ids` (after `_sync`)."""
+        start = self.view.covered
+        if self.window is not None and len(ids) - start > self.window:
+            start = len(ids) - self.window  # skip to the stretch's last `window` tokens
+        return start
+
+    def _read(self, ids: list[int]) -> int:
+        """Hold the view of `ids`, with the logits after its last token; returns
+        how many tokens were read. A view that skips part of the text keeps the
+        sequence's first `SINK_TOKENS` tokens (the chat's start, where attention
+        pools, as in StreamingLLM)."""
+        self._sync(ids)
+        start = self._plan(ids)
+        self.runtime.cut(len(self.view.tokens))
+        read = 0
+        if not self.view.tokens and start > 0:
+            sink = ids[: min(SINK_TOKENS, start)]
+            self.runtime.feed(sink)
+            self.view.extend(0, sink)
+            read += len(sink)
+        fresh = ids[start:]
+        self.runtime.feed(fresh)
+        self.view.extend(start, fresh)
+        return read + len(fresh)
+
+    def _room(self, ids: list[int], k: int) -> int:
+        """Drafts that fit: the runtime reads the view plus k - 1 of its own drafts."""
+        if not ids:
             return 0
-        if self.context is not None:
-            # the drafter reads the sequence plus k - 1 of its own drafts
-            k = min(k, self.context - seen + 1)
-        return max(k, 0)
+        if self.context is None:
+            return max(k, 0)
+        unread = len(ids) - self._plan(ids)
+        return max(0, min(k, self.context - (len(self.view.tokens) + unread) + 1))
+
+    def _importable(self, ids: list[int]) -> Handover:
+        """Which positions of `ids` to take from the target's cache before
+        drafting (`Handover`; count 0: read instead). Everything but the last
+        token, where the target's cache holds it, the stretch holds at least
+        the importer's `fewest_positions`, and the write is expected to cost
+        less than the read. Where the importer appends and the drafter holds a prefix of
+        `ids` (or, with `held_window`, any view), only what follows it is
+        written. With `held_window`, a handover that would leave the copy
+        holding more than twice the window keeps the sequence's first
+        `SINK_TOKENS` and takes its last `held_window` positions after them."""
+        if self.importer is None or self._target_cache is None:
+            return NO_HANDOVER
+        count = min(self.importer.available(self._target_cache), len(ids) - 1)
+        covered = self.view.covered
+        unseen = count - covered
+        if unseen < self.importer.fewest_positions:
+            return NO_HANDOVER
+        if self.held_window is not None:
+            held = len(self.view.tokens)
+            if held + unseen > SINK_TOKENS + 2 * self.held_window:
+                return self._windowed(count, unseen)
+            start, keep = covered, held
+        else:
+            prefix = self.view.spans[:1] == [(0, covered)]
+            start = covered if self.importer.appends and prefix else 0
+            keep = start
+        if not self.import_pays(count - start, unseen, append=start > 0):
+            return NO_HANDOVER
+        return Handover(start, count, keep)
+
+    def _windowed(self, count: int, unseen: int) -> Handover:
+        """The handover that leaves the copy holding the sequence's first
+        `SINK_TOKENS` and the target's last `held_window` of `count` positions."""
+        assert self.held_window is not None
+        start = max(SINK_TOKENS, count - self.held_window)
+        first = self.view.spans[0] if self.view.spans else (0, 0)
+        keep = SINK_TOKENS if first[0] == 0 and first[1] >= SINK_TOKENS else 0
+        written = count - start + (SINK_TOKENS - keep)
+        if not self.import_pays(written, unseen, append=keep > 0):
+            return NO_HANDOVER
+        return Handover(start, count, keep)
+
+    def import_pays(self, written: int, unseen: int, *, append: bool = False) -> bool:
+        """Whether writing `written` positions (`append`: after those held) is
+        expected to cost less than reading the `unseen` the drafter lacks
+        (measured costs)."""
+        if self.importer is None:
+            return False
+        if self.read_seconds_per_token is None:
+            return True
+        cost = self.importer.estimate_append(written) if append else self.importer.estimate(written)
+        return cost < unseen * self.read_seconds_per_token
 
     def offers(self, sequence: torch.Tensor, k: int) -> list[Offer]:
-        seen = sequence.shape[0] - self.offset
-        return [Offer(self.name, self._room(sequence, k), seen - cached_length(self.cache))]
+        ids = sequence.tolist()
+        self._sync(ids)
+        start = max(self._plan(ids), self._importable(ids)[1])
+        return [Offer(self.name, self._room(ids, k), len(ids) - start)]
+
+    def _import(self, ids: list[int]) -> tuple[int, float]:
+        """Take the target's keys and values where that pays (`_importable`);
+        returns the positions written and the seconds taken."""
+        start, count, keep = self._importable(ids)
+        if count <= 0:
+            return 0, 0.0
+        importer = self.importer
+        assert importer is not None
+        if not importer.moves:
+            return self._import_prefix(ids, start, count)
+        written, seconds = 0, 0.0
+        try:
+            if 0 == keep < start:  # the first handover of a window: the sinks first
+                keep = min(SINK_TOKENS, start)
+                seconds += importer.write(self._target_cache, keep, ids)
+                written += keep
+                self.view = DraftView()
+                self.view.extend(0, ids[:keep])
+            seconds += importer.append(self._target_cache, start, count, ids, held=keep)
+        except RuntimeError:  # the runtime refused: it holds its first `keep`, read the rest
+            keep = min(keep, len(self.runtime.held()))
+            self.view.cut_view(keep)
+            self.runtime.cut(keep)
+            return 0, 0.0
+        self.view.cut_view(keep)
+        self.view.extend(start, ids[start:count])
+        return written + count - start, seconds
+
+    def _import_prefix(self, ids: list[int], start: int, count: int) -> tuple[int, float]:
+        """`_import` for an importer that writes the sequence's prefix only."""
+        assert self.importer is not None
+        try:
+            if start > 0:
+                seconds = self.importer.append(self._target_cache, start, count, ids)
+            else:
+                seconds = self.importer.write(self._target_cache, count, ids)
+        except RuntimeError:  # the runtime refused: it holds the first `start`, read the rest
+            self.view.cut_view(start)
+            self.runtime.cut(start)
+            return 0, 0.0
+        self.view.cut_view(start)
+        self.view.extend(start, ids[start:count])
+        return count - start, seconds
 
     def propose(
         self,
@@ -145,29 +304,35 @@ class ModelDrafter(Drafter):
         generator: torch.Generator | None,
         min_confidence: float = 0.0,
     ) -> Draft:
-        k = self._room(sequence, k)
+        ids = sequence.tolist()
+        self._sync(ids)
+        k = self._room(ids, k)
         if k <= 0:
             return Draft(sequence.new_empty(0), None)
-        context = sequence[self.offset :].to(self.device)
-        unread = context.shape[0] - cached_length(self.cache)
+        imported, import_seconds = self._import(ids)
+        started = time.perf_counter()
+        read = self._read(ids)
+        read_seconds = time.perf_counter() - started
+        if read > 2 and self.read_seconds_per_token is not None:
+            per_token = read_seconds / read
+            self.read_seconds_per_token = 0.7 * self.read_seconds_per_token + 0.3 * per_token
         tokens: list[torch.Tensor] = []
         laws: list[torch.Tensor] = []
-        read_seconds = 0.0
         for index in range(k):
-            started = time.perf_counter()
-            logits = forward_logits(
-                self.model, context, self.cache, 1, self.vocab_size, tuning=self.tuning
-            )[0]
-            if index == 0:  # the read of what the drafter had not seen
-                synchronize(self.device)
-                read_seconds = time.perf_counter() - started
+            logits = self.runtime.last_logits(self.vocab_size, sequence.device)
             token = next_draft(logits, processor, generator, min_confidence, laws)
             if token is None:
                 break
             tokens.append(token)
-            context = torch.cat((context, token))
+            if index + 1 < k:
+                self.runtime.feed([int(token)])
+                self.view.extend(len(ids) + index, [int(token)])
         return replace(
-            collect_draft(tokens, laws, sequence), read_seconds=read_seconds, read_tokens=unread
+            collect_draft(tokens, laws, sequence),
+            read_seconds=read_seconds,
+            read_tokens=read,
+            import_seconds=import_seconds,
+            imported_tokens=imported,
         )
 
     def update(
@@ -176,31 +341,12 @@ class ModelDrafter(Drafter):
         valid_length: int,
         target_logits: torch.Tensor | None = None,
         target_features: torch.Tensor | None = None,
-        target_cache: DynamicCache | None = None,
+        target_cache: Any = None,
     ) -> None:
-        rollback_to(self.cache, min(cached_length(self.cache), valid_length - self.offset))
-        if self._seeded:
-            if target_cache is None or self.cache is None or not can_copy_positions(target_cache):
-                self._seeded = False  # read for itself for the rest of this generation
-            else:
-                copy_positions(
-                    target_cache,
-                    self.cache,
-                    valid_length,
-                    dtype=self._copied_dtype(target_cache),
-                    device=self.device,
-                )
-        if self.keep_between_prompts and self._runtime is not None and self.window is None:
-            self._kept.keep(self._runtime, sequence)
-
-    def _copied_dtype(self, target_cache: DynamicCache) -> torch.dtype:
-        """The dtype to keep the target's keys and values in: the copy's own, or
-        (decided at the first copy, from its tuning) the target's, attended as such."""
-        source = target_cache.layers[0].keys.dtype
-        own = self.model.dtype
-        if self.cache_dtype is None:
-            self.cache_dtype = source if self.tuning.attends_in_cache_dtype else own
-        return self.cache_dtype if self.cache_dtype == source else own
+        self.view.cut_view(self.view.held_before(valid_length))
+        self.runtime.cut(len(self.view.tokens))
+        # read at the next `propose`, before the target's next forward changes it
+        self._target_cache = target_cache if self.importer is not None else None
 
 
 def as_drafter(drafter: Drafter | PreTrainedModel, *, use_cache: bool = True) -> Drafter:

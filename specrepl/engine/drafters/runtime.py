@@ -3,10 +3,11 @@
 `choose_runtime` decides, for `runtime = "auto"`, by timing one decoding step
 of each on this machine (never by a constant): llama.cpp when it is installed,
 the drafter came from a GGUF file, runs on the CPU, and its step measured
-cheaper than torch's. The `RuntimeChoice` it returns builds the llama.cpp
-drafter (`LlamaCppDrafter`) for the drafter builder, with the bound on one
-read chosen from measured costs (`auto_window`) and, for a copy of the
-target, the importer of the target's keys and values (`llamacpp_kv`).
+cheaper than torch's. The `RuntimeChoice` it returns builds the model
+drafter over llama.cpp (`llamacpp.llamacpp_drafter`) for the drafter
+builder, with the bound on one read chosen from measured costs
+(`auto_window`) and, for a copy of the target, the importer of the target's
+keys and values (`llamacpp_kv`, `llamacpp_state`).
 
 This module knows nothing of settings or of the other kinds of drafter.
 """
@@ -22,9 +23,10 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel
 
-from specrepl.engine.drafters.llamacpp import LlamaCppDrafter
+from specrepl.engine.drafters.llamacpp import llamacpp_drafter
 from specrepl.engine.drafters.llamacpp_kv import KvImporter, probe_importer
 from specrepl.engine.drafters.llamacpp_state import StateImporter, probe_state_importer
+from specrepl.engine.drafters.model import ModelDrafter
 from specrepl.engine.drafters.options import DRAFTER_RUNTIMES, DrafterOptions
 from specrepl.engine.llamacpp import LlamaCppUnavailable, open_gguf
 from specrepl.engine.llamacpp_runtime import LlamaCppModel
@@ -123,13 +125,13 @@ class RuntimeChoice:
         copy_of_target: bool = False,
         target_step_seconds: float | None = None,
         target_runnable: RunnableModel | None = None,
-    ) -> LlamaCppDrafter | None:
+    ) -> ModelDrafter | None:
         """The drafter over llama.cpp to use in place of torch's, or None when
         torch drafts (`builder.build_drafter` asks, for every entry point).
 
         When the drafter is a copy of `target` (`copy_of_target`, with the
         cache on) and `probe_importer` accepts this llama.cpp, it takes the
-        target's keys and values instead of reading (`LlamaCppDrafter`). Where
+        target's keys and values instead of reading (`llamacpp_drafter`). Where
         the target verifies in llama.cpp (`target_runnable`, a
         `LlamaCppModel`), the copy takes them from the target's context
         instead, drafting in a context of its own (`probe_state_importer`);
@@ -152,7 +154,7 @@ class RuntimeChoice:
             and (target_runnable is None or target_runnable.gives_key_values)
         ):
             importer = self.importer(target)
-        return LlamaCppDrafter(
+        return llamacpp_drafter(
             llama,
             keep_between_prompts=keep_between_prompts,
             window=self.read_window(options.window, target_step_seconds),
