@@ -47,7 +47,12 @@ def main() -> int:
         for _ in range(args.rounds):
             for form, row_forms in forms.items():
                 samples = measure_width_samples(
-                    model, args.max_width, context=args.context, repeats=3, forms=row_forms
+                    model,
+                    args.max_width,
+                    context=args.context,
+                    repeats=3,
+                    forms=row_forms,
+                    tuning=loaded.tuning,
                 )
                 for width, seconds in samples.items():
                     times[form].setdefault(width, []).extend(seconds)
@@ -67,6 +72,7 @@ def main() -> int:
                 {"stock": forms["stock"], "packed": RowForms(packed_from=1)},
                 context=args.context,
                 repeats=args.rounds,
+                tuning=loaded.tuning,
             )
             print(
                 "  prompt passes, ms (stock / packed): "

@@ -116,6 +116,18 @@ def interrupt_on_call(model: torch.nn.Module, call: int) -> Iterator[None]:
         handle.remove()
 
 
+def visible_state(model: torch.nn.Module) -> dict[str, Any]:
+    """What anything else running `model` can see of it: each module's class and
+    the names of its attributes, by module name, and the attention its config
+    names (specrepl's tuning must leave all of it as loaded outside its own
+    passes)."""
+    state: dict[str, Any] = {
+        name: (type(module), tuple(sorted(vars(module)))) for name, module in model.named_modules()
+    }
+    state["<attention>"] = getattr(model.config, "_attn_implementation", None)
+    return state
+
+
 def tiny_head(
     target: LlamaForCausalLM,
     *,

@@ -1,5 +1,6 @@
 """A copy of the target attending in the dtype of the target's keys and values:
-chosen by the loader, recorded in the copy's tuning, and the output stays the target's."""
+chosen by the loader, recorded in the copy's tuning (the copy keeps its own
+attention outside its passes), and the output stays the target's."""
 
 from __future__ import annotations
 
@@ -84,8 +85,7 @@ def test_the_pair_gives_the_copy_the_attention_measured_cheaper_here(
     assert measured == [torch.float32]  # once, when the pair is put together
     tuning = pair.drafter.tuning
     assert tuning.attends_in_cache_dtype == (cheaper == torch.float32)
-    attends_as_cached = copy.config._attn_implementation == copy_attention.ATTENTION
-    assert attends_as_cached == (cheaper == torch.float32)
+    assert copy.config._attn_implementation == "sdpa"  # the model's own: chosen for its passes
     drafter = ModelDrafter(copy, copy_of_target=True, tuning=tuning)
     for prompt in PROMPTS:
         speculative_generate(prompt, drafter, target, gamma=4, max_gen_len=12)
@@ -106,16 +106,18 @@ def test_a_copy_in_the_targets_dtype_is_not_measured(target, monkeypatch) -> Non
     assert copy.config._attn_implementation == "sdpa"
 
 
-def test_the_attention_switch_is_recorded_and_undone(target) -> None:
+def test_the_attention_choice_is_recorded_and_taken_for_a_pass_only(target) -> None:
     copy = _bf16_copy(target)
     tuning = Tuning()
     assert model_tuning.attend_in_cache_dtype(copy, tuning)
     assert tuning.attention == copy_attention.ATTENTION and tuning.attends_in_cache_dtype
-    model_tuning.undo_tuning(copy, tuning)
-    assert tuning == Tuning() and copy.config._attn_implementation == "sdpa"
-    copy.config._attn_implementation = "eager"  # another implementation: left alone
-    assert not model_tuning.attend_in_cache_dtype(copy, tuning)
-    assert tuning == Tuning() and copy.config._attn_implementation == "eager"
+    assert copy.config._attn_implementation == "sdpa"
+    with tuning.running(copy):
+        assert copy.config._attn_implementation == copy_attention.ATTENTION
+    assert copy.config._attn_implementation == "sdpa"
+    copy.config._attn_implementation = "eager"  # another implementation: not chosen
+    assert not model_tuning.attend_in_cache_dtype(copy, Tuning())
+    assert copy.config._attn_implementation == "eager"
 
 
 def test_attention_in_the_cache_dtype_is_sdpa_in_that_dtype(target) -> None:

@@ -1,6 +1,6 @@
 """Grouped key/value heads kept grouped in passes of several tokens: the same
-attention as transformers' `sdpa`, chosen by timing, recorded and undone, and
-the speculative output stays the target's."""
+attention as transformers' `sdpa`, chosen by timing, recorded in the tuning
+(the model keeps its own), and the speculative output stays the target's."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from specrepl.engine.generation import autoregressive_generate, speculative_gene
 from specrepl.engine.kv_cache import new_cache
 from specrepl.engine.tuning import Tuning
 from specrepl.models import tuning as model_tuning
+from specrepl.models.loaded import LoadedModel
 from specrepl.models.pair import ModelPair
 from specrepl.testing import perturbed_copy, tiny_llama, tiny_tokenizer
 
@@ -79,19 +80,22 @@ def test_greedy_speculative_with_the_target_attending_grouped_is_the_target(
 ) -> None:
     target = _grouped_model()
     reference = [autoregressive_generate(p, target, max_gen_len=40).token_ids for p in PROMPTS]
-    target.set_attn_implementation(GROUPED)
+    tuning = Tuning(attention=GROUPED)  # the target's passes attend grouped
     if drafter_kind == "model":
         drafter_model = perturbed_copy(target, 0.02, seed=3)
-        assert drafter_model.config._attn_implementation == GROUPED
-        drafter = ModelDrafter(drafter_model)
+        drafter = ModelDrafter(drafter_model, tuning=Tuning(attention=GROUPED))
     else:
         drafter = NgramDrafter(3)
     accepted = 0
     for prompt, expected in zip(PROMPTS, reference, strict=True):
-        result = speculative_generate(prompt, drafter, target, gamma=gamma, max_gen_len=40)
+        result = speculative_generate(
+            prompt, drafter, target, gamma=gamma, max_gen_len=40, tuning=tuning
+        )
         assert result.token_ids == expected
-        assert autoregressive_generate(prompt, target, max_gen_len=40).token_ids == expected
+        tuned = autoregressive_generate(prompt, target, max_gen_len=40, tuning=tuning)
+        assert tuned.token_ids == expected
         accepted += result.accepted
+    assert target.config._attn_implementation == "sdpa"
     if drafter_kind == "model":
         assert accepted > 0
 
@@ -137,14 +141,15 @@ def test_the_pair_switches_each_model_where_grouped_measured_cheaper(
     for loaded in (pair.target, pair.drafter):
         expected = GROUPED if grouped_cheaper else None
         assert loaded.tuning.attention == expected
-        assert loaded.model.config._attn_implementation == (expected or "sdpa")
+        assert loaded.model.config._attn_implementation == "sdpa"  # the model's own
     # put together again (e.g. another drafter): what was chosen is not timed again
-    again = ModelPair.from_models(target, _grouped_model(2), tiny_tokenizer(32))
+    other = LoadedModel.wrap(_grouped_model(2), name="other", kind="memory")
+    again = ModelPair.assemble(pair.target, other, tiny_tokenizer(32), None)
     assert len(timed) == (3 if grouped_cheaper else 4)
     assert again.target.tuning.attention == (GROUPED if grouped_cheaper else None)
 
 
-def test_the_grouped_switch_is_recorded_and_undone(monkeypatch) -> None:
+def test_the_grouped_choice_is_recorded_and_taken_for_a_pass_only(monkeypatch) -> None:
     monkeypatch.setattr(
         model_tuning,
         "measure_grouped_attention",
@@ -154,10 +159,11 @@ def test_the_grouped_switch_is_recorded_and_undone(monkeypatch) -> None:
     tuning = Tuning()
     assert model_tuning.choose_grouped_attention(model, tuning)
     assert tuning.attention == GROUPED and not tuning.attends_in_cache_dtype
-    model_tuning.undo_tuning(model, tuning)
-    assert tuning == Tuning() and model.config._attn_implementation == "sdpa"
-    model_tuning.apply_tuning(model, Tuning(attention=GROUPED))
-    assert model.config._attn_implementation == GROUPED
+    assert model_tuning.choose_grouped_attention(model, tuning)  # chosen: not timed again
+    assert model.config._attn_implementation == "sdpa"
+    with tuning.running(model):
+        assert model.config._attn_implementation == GROUPED
+    assert model.config._attn_implementation == "sdpa"
 
 
 def test_a_copy_attending_in_its_cache_dtype_keeps_that_attention(monkeypatch) -> None:

@@ -25,8 +25,7 @@ from tokenizers import AddedToken
 from transformers import GenerationConfig
 
 from specrepl.engine.copy_attention import ATTENTION
-from specrepl.engine.linear_forms import forms_allowed
-from specrepl.engine.widths import WidthPlan
+from specrepl.engine.width_plan import WidthPlan
 from specrepl.models import embedded
 from specrepl.models import gguf as gguf_cache
 from specrepl.models.compatibility import IncompatibleTokenizersError
@@ -38,7 +37,7 @@ from specrepl.models.pair import ModelPair, find_end_tokens
 from specrepl.models.specs import ModelSpec
 from specrepl.models.tuning import allow_linear_forms, attend_in_cache_dtype
 from specrepl.store import paths
-from specrepl.testing import tiny_llama, tiny_tokenizer
+from specrepl.testing import tiny_llama, tiny_tokenizer, visible_state
 
 IM_END = 3  # id of <|im_end|> in specrepl.testing.tiny_tokenizer
 
@@ -356,6 +355,7 @@ def test_a_released_model_comes_back_with_the_same_weights_and_width_plan(tmp_pa
     with torch.no_grad():
         expected = first(ids).logits
     weights = {name: tensor.clone() for name, tensor in first.state_dict().items()}
+    as_loaded = visible_state(first)
     plan = WidthPlan({1: 1.0, 2: 3.0, 3: 2.0}, {1: 1, 2: 3, 3: 3}, frozenset({3}))
     allow_linear_forms(first, loaded.tuning)  # as if timed: pad 2 rows to 3, weight first at 3
     loaded.tuning.plan = plan
@@ -370,7 +370,8 @@ def test_a_released_model_comes_back_with_the_same_weights_and_width_plan(tmp_pa
     assert loaded.resident and loaded.reloads == 1 and loaded.model is again
     assert not again.training and again.dtype == torch.bfloat16
     assert loaded.tuning.plan == plan and loaded.tuning.weight_first == {3}
-    assert forms_allowed(again) and again.config._attn_implementation == ATTENTION
+    assert loaded.tuning.linear_forms and loaded.tuning.attention == ATTENTION
+    assert visible_state(again) == as_loaded  # the stock model, as loaded
     state = again.state_dict()
     assert state.keys() == weights.keys()
     assert all(torch.equal(state[name], tensor) for name, tensor in weights.items())

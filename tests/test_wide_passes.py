@@ -11,12 +11,13 @@ from specrepl.engine import widths
 from specrepl.engine.drafters.model import ModelDrafter
 from specrepl.engine.drafters.ngram import NgramDrafter
 from specrepl.engine.generation import autoregressive_generate, speculative_generate
-from specrepl.engine.linear_forms import STOCK, RowForms, packing_works, weights_packed
+from specrepl.engine.linear_forms import STOCK, RowForms, packing_works
 from specrepl.engine.tuning import Tuning
-from specrepl.engine.widths import WIDE_WIDTHS, WidthPlan
+from specrepl.engine.width_plan import WidthPlan
+from specrepl.engine.widths import WIDE_WIDTHS
 from specrepl.models import width_plans
 from specrepl.models.pair import ModelPair
-from specrepl.models.tuning import allow_linear_forms, pack_linear_weights, undo_tuning
+from specrepl.models.tuning import allow_linear_forms, pack_linear_weights, unpack_linear_weights
 from specrepl.testing import perturbed_copy, tiny_llama, tiny_tokenizer
 
 needs_packing = pytest.mark.skipif(
@@ -57,12 +58,13 @@ def test_row_forms_pack_every_count_from_packed_from() -> None:
 def test_prompts_are_packed_only_where_cheaper_at_every_size(monkeypatch, packed_cost, expected):
     monkeypatch.setattr(widths, "measure_width_samples", _packed_dearer)
     monkeypatch.setattr(widths, "measure_wide_samples", _wide(packed_cost))
-    plan, _ = widths.measure_plan(tiny_llama(32, seed=0), 8, forms=True, packed=True)
+    packs = Tuning(linear_forms=True, packed_weights=True)
+    plan, _ = widths.measure_plan(tiny_llama(32, seed=0), 8, packs)
     assert plan.packed == frozenset() and plan.packed_from == expected
     assert plan.to_dict()["packed_from"] == expected
     assert plan.forms.packed_from == expected and plan.packs_any == (expected is not None)
     # without packed copies nothing is timed packed, prompts included
-    plan, _ = widths.measure_plan(tiny_llama(32, seed=0), 8, forms=True)
+    plan, _ = widths.measure_plan(tiny_llama(32, seed=0), 8, Tuning(linear_forms=True))
     assert plan.packed_from is None
 
 
@@ -86,15 +88,15 @@ def test_a_plan_packing_prompts_only_keeps_and_stores_the_copies(tmp_path, monke
     plan = width_plans.tune_pair_widths(pair, 3, store=store)["target"]
     tuning = pair.target.tuning
     assert plan.packed == frozenset() and plan.packed_from == 5
-    assert weights_packed(pair.target.model) and tuning.packed_from == 5
+    assert tuning.layers.packed(pair.target.model) and tuning.packed_from == 5
     assert tuning.forms == RowForms(packed_from=5)
     (entry,) = json.loads(store.read_text()).values()
     assert entry["packed_from"] == 5
-    undo_tuning(pair.target.model, tuning)
+    unpack_linear_weights(tuning)
     assert tuning.packed_from is None  # no packed copies: nothing packed
     monkeypatch.setattr(widths, "measure_wide_samples", _wide(lambda w: 2.0))  # not asked again
     plan = width_plans.tune_pair_widths(pair, 3, store=store)["target"]
-    assert plan.packed_from == 5 and weights_packed(pair.target.model)
+    assert plan.packed_from == 5 and tuning.layers.packed(pair.target.model)
 
 
 @needs_packing

@@ -12,31 +12,30 @@ from specrepl.engine.drafters.model import ModelDrafter
 from specrepl.engine.drafters.ngram import NgramDrafter
 from specrepl.engine.forward import forward_logits
 from specrepl.engine.generation import autoregressive_generate, speculative_generate
+from specrepl.engine.grouped_attention import GROUPED_ATTENTION
 from specrepl.engine.kv_cache import cached_length, new_cache
 from specrepl.engine.linear_forms import (
     STOCK,
     FormChoosingLinear,
+    FormLayers,
     RowForms,
-    allow_forms,
-    chosen_forms,
-    forms_allowed,
-    pack_weights,
+    packable_bytes,
     packing_works,
-    stock_forms,
-    weights_packed,
 )
 from specrepl.engine.processors import TopKProcessor
 from specrepl.engine.tuning import Tuning
-from specrepl.engine.widths import WidthPlan, measure_widths, plan_widths
+from specrepl.engine.width_plan import WidthPlan, plan_widths
+from specrepl.engine.widths import measure_widths
 from specrepl.models import width_plans
+from specrepl.models.loaded import LoadedModel
 from specrepl.models.pair import ModelPair
 from specrepl.models.tuning import (
     allow_linear_forms,
     apply_tuning,
     pack_linear_weights,
-    undo_tuning,
+    unpack_linear_weights,
 )
-from specrepl.testing import perturbed_copy, tiny_llama, tiny_tokenizer
+from specrepl.testing import perturbed_copy, tiny_llama, tiny_tokenizer, visible_state
 
 PROMPTS = ([1, 5, 9, 12], [1, 17, 4, 30, 8, 8, 2, 11], [7])
 # every width up to 8 padded to a larger one: the widest rewrite a plan can make
@@ -123,26 +122,29 @@ def test_greedy_speculative_weight_first_equals_the_target(target, gamma) -> Non
 def test_weight_first_gives_the_stock_products() -> None:
     model = tiny_llama(32, seed=0)
     layer = model.model.layers[0].mlp.down_proj
-    allow_forms(model)
-    assert isinstance(layer, FormChoosingLinear)
+    layers = FormLayers()
+    assert layer in layers.layers(model)
     for shape in ((1, 1), (1, 5), (2, 3), (9,)):
         x = torch.randn(*shape, layer.in_features)
         stock = torch.nn.functional.linear(x, layer.weight)
-        with chosen_forms(RowForms(weight_first=frozenset(range(1, 20)))):
+        with layers.in_forms(model, RowForms(weight_first=frozenset(range(1, 20)))):
+            assert type(layer) is FormChoosingLinear
             chosen = layer(x)
         torch.testing.assert_close(chosen, stock)
-        assert torch.equal(layer(x), stock)  # outside a block: the stock kernel itself
+        assert type(layer) is torch.nn.Linear  # outside a block: the stock layer itself
 
 
 def test_torch_compile_sees_plain_linear_layers() -> None:
-    """A compiled forward of a model whose layers may choose their form (bench's
-    hf-compiled peer) is one graph: no break at each linear layer."""
+    """A forward compiled inside a pass whose layers may choose their form is one
+    graph: no break at each linear layer (and outside one, the layers are the
+    stock ones: bench's hf-compiled peer)."""
     import torch._dynamo
 
     model = tiny_llama(32, seed=0)
-    assert allow_forms(model) > 0
+    layers = FormLayers()
     ids = torch.tensor([[1, 5, 9, 12]])
-    explained = torch._dynamo.explain(lambda x: model(x).logits)(ids)
+    with layers.in_forms(model, RowForms(weight_first=frozenset({4}))):
+        explained = torch._dynamo.explain(lambda x: model(x).logits)(ids)
     assert explained.graph_break_count == 0, explained.break_reasons
 
 
@@ -152,22 +154,22 @@ def test_only_plain_float_linear_layers_on_a_cpu_take_another_form() -> None:
 
     holder = torch.nn.Sequential(torch.nn.Linear(4, 4), Custom(4, 4), torch.nn.Linear(4, 4))
     holder[2].weight = torch.nn.Parameter(torch.ones(4, 4, dtype=torch.int8), requires_grad=False)
-    assert allow_forms(holder) == 1 and forms_allowed(holder)
-    assert type(holder[1]) is Custom and type(holder[2]) is torch.nn.Linear
-    assert allow_forms(holder) == 1  # idempotent
-    stock_forms(holder)
-    assert not forms_allowed(holder) and type(holder[0]) is torch.nn.Linear
+    layers = FormLayers()
+    assert layers.layers(holder) == (holder[0],)
+    with layers.in_forms(holder, RowForms(weight_first=frozenset({1}))):
+        assert type(holder[0]) is FormChoosingLinear
+        assert type(holder[1]) is Custom and type(holder[2]) is torch.nn.Linear
+    assert type(holder[0]) is torch.nn.Linear
 
 
-def test_the_linear_forms_are_recorded_and_undone() -> None:
+def test_the_linear_forms_are_recorded_in_the_tuning_only() -> None:
     model = tiny_llama(32, seed=0)
+    before = visible_state(model)
     tuning = Tuning(WidthPlan(seconds={}, padded={}, weight_first=frozenset({2})))
-    assert tuning.weight_first == frozenset()  # the layers cannot take it yet
+    assert tuning.weight_first == frozenset()  # not recorded yet: stock
     allow_linear_forms(model, tuning)
-    assert tuning.linear_forms and forms_allowed(model) and tuning.weight_first == {2}
-    undo_tuning(model, tuning)
-    assert not tuning.linear_forms and not forms_allowed(model)
-    assert tuning.plan is not None  # the plan is kept
+    assert tuning.linear_forms and tuning.weight_first == {2}
+    assert visible_state(model) == before
 
 
 def test_a_plan_keeps_the_cheaper_form_of_each_width(monkeypatch, target) -> None:
@@ -181,12 +183,12 @@ def test_a_plan_keeps_the_cheaper_form_of_each_width(monkeypatch, target) -> Non
         return {w: [cost[w]] * 5 for w in range(1, max_width + 1)}
 
     monkeypatch.setattr(widths, "measure_width_samples", measured)
-    plan, noise = widths.measure_plan(target, 5, forms=True)
+    plan, noise = widths.measure_plan(target, 5, Tuning(linear_forms=True))
     assert plan.weight_first == frozenset({2, 3}) and noise == 0.0
     assert plan.packed == frozenset()  # the layers hold no packed copy: not timed
     assert plan.seconds == {1: 1.0, 2: 1.5, 3: 1.8, 4: 2.0, 5: 4.0}
     assert plan.to_dict()["weight_first"] == [2, 3]
-    plan, _ = widths.measure_plan(target, 5, forms=True, packed=True)
+    plan, _ = widths.measure_plan(target, 5, Tuning(linear_forms=True, packed_weights=True))
     assert plan.weight_first == frozenset({2}) and plan.packed == frozenset({3, 5})
     assert plan.seconds == {1: 1.0, 2: 1.5, 3: 1.7, 4: 2.0, 5: 2.2}
     assert plan.to_dict()["packed"] == [3, 5]
@@ -217,7 +219,12 @@ def test_seeded_sampling_with_padding_is_unchanged(target) -> None:
 def test_measure_widths_times_every_width(target) -> None:
     seconds = measure_widths(target, 4, context=6, repeats=1)
     assert sorted(seconds) == [1, 2, 3, 4] and all(s > 0 for s in seconds.values())
-    assert not forms_allowed(target)  # measuring alone changes nothing
+    before = visible_state(target)
+    tuning = Tuning(linear_forms=True, attention=GROUPED_ATTENTION)
+    every = RowForms(weight_first=frozenset(range(1, 5)))
+    seconds = measure_widths(target, 4, context=6, repeats=1, forms=every, tuning=tuning)
+    assert sorted(seconds) == [1, 2, 3, 4]
+    assert visible_state(target) == before  # measuring changes nothing
 
 
 def test_pair_plans_are_stored_and_reused(tmp_path, monkeypatch) -> None:
@@ -335,20 +342,23 @@ def test_packed_weights_give_the_stock_products(dtype) -> None:
     if not packing_works(dtype):
         pytest.skip(f"this torch cannot pack {dtype} weights on this CPU")
     model = tiny_llama(32, seed=0).to(dtype)
+    before = visible_state(model)
     layer = model.model.layers[0].mlp.down_proj
-    allow_forms(model)
-    assert pack_weights(model) > 0 and weights_packed(model)
+    layers = FormLayers()
+    assert layers.pack(model) == len(layers.layers(model)) > 0 and layers.packed(model)
+    assert layers.pack(model) == len(layers.layers(model))  # idempotent
     tolerance = {"rtol": 1e-5, "atol": 1e-5} if dtype == torch.float32 else {}
     for shape in ((1, 1), (1, 5), (2, 3), (9,), (1, 17)):
         x = torch.randn(*shape, layer.in_features).to(dtype)
         stock = torch.nn.functional.linear(x, layer.weight)
-        with chosen_forms(RowForms(packed=frozenset(range(1, 20)))):
+        with layers.in_forms(model, RowForms(packed=frozenset(range(1, 20)))):
             chosen = layer(x)
         assert chosen.shape == stock.shape and chosen.dtype == dtype
         torch.testing.assert_close(chosen, stock, **tolerance)
         assert torch.equal(layer(x), stock)  # outside a block: the stock kernel itself
-    stock_forms(model)
-    assert not weights_packed(model) and not forms_allowed(model)
+    assert visible_state(model) == before  # the copies are held apart from the model
+    layers.unpack()
+    assert not layers.packed(model)
 
 
 @needs_packing
@@ -375,25 +385,31 @@ def test_greedy_speculative_packed_equals_the_target(monkeypatch, target, gamma)
             assert result.token_ids == reference
 
 
+def _holds_packed(loaded: LoadedModel) -> bool:
+    return loaded.tuning.layers.packed(loaded.model)
+
+
 @needs_packing
 def test_packing_needs_room_in_memory_and_is_undone(monkeypatch) -> None:
     model = tiny_llama(32, seed=0)
     tuning = Tuning(WidthPlan(seconds={}, padded={}, packed=frozenset({2})))
-    assert not pack_linear_weights(model, tuning)  # the layers were not switched
+    assert not pack_linear_weights(model, tuning)  # no layer recorded to take another form
     allow_linear_forms(model, tuning)
-    need = sum(m.weight.numel() * 4 for m in model.modules() if isinstance(m, FormChoosingLinear))
+    need = sum(m.weight.numel() * 4 for m in model.modules() if type(m) is torch.nn.Linear)
+    assert packable_bytes(model) == need
     for free in (None, need, 2 * need - 1):  # unknown, or the copy would take over half
         monkeypatch.setattr("specrepl.models.tuning.available_memory", lambda free=free: free)
-        assert not pack_linear_weights(model, tuning) and not weights_packed(model)
+        assert not pack_linear_weights(model, tuning) and not tuning.layers.packed(model)
         assert tuning.packed == frozenset()
     monkeypatch.setattr("specrepl.models.tuning.available_memory", lambda: 2 * need)
-    assert pack_linear_weights(model, tuning) and weights_packed(model)
+    assert pack_linear_weights(model, tuning) and tuning.layers.packed(model)
     assert tuning.packed == {2}
     again = tiny_llama(32, seed=0)  # the same weights loaded again take the same forms
     apply_tuning(again, tuning)
-    assert weights_packed(again) and tuning.packed_weights
-    undo_tuning(model, tuning)
-    assert not weights_packed(model) and not forms_allowed(model) and tuning.packed == frozenset()
+    assert tuning.layers.packed(again) and tuning.packed_weights
+    unpack_linear_weights(tuning)
+    assert not tuning.layers.packed(model) and not tuning.layers.packed(again)
+    assert tuning.packed == frozenset() and tuning.linear_forms
 
 
 @needs_packing
@@ -412,14 +428,14 @@ def test_a_stored_packed_plan_without_room_now_is_measured_again(tmp_path, monke
     plan = width_plans.tune_pair_widths(pair, 3, store=store)["target"]
     assert plan.packed == {1, 2, 3, 4} and pair.target.tuning.packed == {1, 2, 3, 4}
     assert len(measured) == 3 and json.loads(store.read_text())  # stock, weight first, packed
-    undo_tuning(pair.target.model, pair.target.tuning)
+    unpack_linear_weights(pair.target.tuning)
     width_plans.tune_pair_widths(pair, 3, store=store)  # room: the stored plan, packed again
     assert len(measured) == 3 and pair.target.tuning.packed == {1, 2, 3, 4}
-    undo_tuning(pair.target.model, pair.target.tuning)
+    unpack_linear_weights(pair.target.tuning)
     monkeypatch.setattr("specrepl.models.tuning.available_memory", lambda: 0)
     plan = width_plans.tune_pair_widths(pair, 3, store=store)["target"]
     assert len(measured) == 5 and plan.packed == frozenset()  # stock and weight first only
-    assert not weights_packed(pair.target.model)
+    assert not _holds_packed(pair.target)
 
 
 @needs_packing
@@ -433,7 +449,7 @@ def test_packed_copies_no_width_uses_are_dropped(monkeypatch) -> None:
     monkeypatch.setattr(widths, "measure_width_samples", packed_is_dearer)
     monkeypatch.setattr("specrepl.models.tuning.available_memory", lambda: 1 << 40)
     plan = width_plans.tune_pair_widths(pair, 3)["target"]
-    assert plan.packed == frozenset() and not weights_packed(pair.target.model)
+    assert plan.packed == frozenset() and not _holds_packed(pair.target)
     assert not pair.target.tuning.packed_weights
 
 
@@ -452,8 +468,8 @@ def test_a_stored_plan_without_packed_widths_drops_the_copies(tmp_path, monkeypa
     monkeypatch.setattr(widths, "measure_width_samples", packed_only_up_to_3)
     monkeypatch.setattr("specrepl.models.tuning.available_memory", lambda: 1 << 40)
     width_plans.tune_pair_widths(pair, 5, store=store)  # stored: packs nothing
-    assert not weights_packed(pair.target.model)
+    assert not _holds_packed(pair.target)
     width_plans.tune_pair_widths(pair, 2, store=store)  # widths 1..3: packed
-    assert weights_packed(pair.target.model) and pair.target.tuning.packed == {1, 2, 3}
+    assert _holds_packed(pair.target) and pair.target.tuning.packed == {1, 2, 3}
     width_plans.tune_pair_widths(pair, 5, store=store)  # the stored plan again
-    assert not weights_packed(pair.target.model) and not pair.target.tuning.packed_weights
+    assert not _holds_packed(pair.target) and not pair.target.tuning.packed_weights

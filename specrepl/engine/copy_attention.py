@@ -13,10 +13,11 @@ times one query over a long context both ways on this machine.
 `ATTENTION` is a transformers attention implementation (registered on
 import) that computes scaled dot-product attention in the keys' dtype and
 returns the query's: with keys in the query's dtype it is exactly `sdpa`.
-Transformers reads a model's attention implementation from its config, so
-switching a copy to it changes the model: the loader does that, in one place
-(`specrepl.models.tuning`), and records it in the copy's `tuning.Tuning`,
-which the drafter reads. This module only measures and never changes a model.
+The loader chooses it in one place (`specrepl.models.tuning`) and records it
+in the copy's `tuning.Tuning`, which the drafter reads; transformers reads a
+model's attention implementation from its config, which names it for the
+length of the copy's own passes only (`tuning.Tuning.running`). This module
+only measures and never changes a model.
 """
 
 from __future__ import annotations

@@ -2,8 +2,10 @@
 
 Both generators and the model drafter call `forward_logits`; it is the only
 place that calls a model. A caller passes the model's `Tuning` (its width
-plan and linear forms), which the pass reads and never changes. It knows
-nothing about drafting or acceptance.
+plan, linear forms and attention), which the pass reads and never changes;
+the model takes that tuning for the length of the call only
+(`Tuning.running`) and is the stock model again after it, also after an
+error or an interrupt. It knows nothing about drafting or acceptance.
 """
 
 from __future__ import annotations
@@ -12,7 +14,6 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from specrepl.engine.kv_cache import cached_length, rollback_to
-from specrepl.engine.linear_forms import chosen_forms
 from specrepl.engine.tuning import Tuning
 
 
@@ -80,8 +81,9 @@ def forward_pass(
     A model whose `tuning` has a width plan (`widths.py`) is fed extra copies
     of the last token when a wider pass is cheaper; they never reach the cache
     or the result. Its linear layers multiply in the form the plan measured
-    cheapest for the width fed (`linear_forms.py`). Without a tuning, every pass
-    is fed as it is, in the stock form.
+    cheapest for the width fed (`linear_forms.py`), and it attends with the
+    tuning's attention. Without a tuning, every pass is fed as it is, in the
+    stock form.
     """
     tuning = Tuning() if tuning is None else tuning  # untuned: as fed, stock form
     start = cached_length(cache)
@@ -98,7 +100,7 @@ def forward_pass(
             pad = 0  # never feed positions past the context
     if pad:  # a wider pass is cheaper here (see widths.py); the padding is cut off again
         fed = torch.cat((fed, fed[-1:].expand(pad)))
-    with chosen_forms(tuning.forms):
+    with tuning.running(model):
         output = model(
             input_ids=fed.unsqueeze(0),
             past_key_values=cache,

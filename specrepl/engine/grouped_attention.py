@@ -16,10 +16,11 @@ in place and gives the same numbers.
 `GROUPED_ATTENTION` is a transformers attention implementation (registered
 on import) that does exactly that for masked passes of several tokens and
 is `sdpa` for every other pass. Whether it pays is timed on this machine
-(`measure_grouped_attention`), never assumed; the loader switches a model to
-it in one place (`specrepl.models.tuning.choose_grouped_attention`) and
-records it in the model's `Tuning`. This module only measures and never
-changes a model; it knows nothing about drafting or decoding.
+(`measure_grouped_attention`), never assumed; the loader chooses it in one
+place (`specrepl.models.tuning.choose_grouped_attention`) and records it in
+the model's `Tuning`, whose passes attend with it (`Tuning.running`). This
+module only measures and never changes a model; it knows nothing about
+drafting or decoding.
 """
 
 from __future__ import annotations

@@ -21,21 +21,23 @@ take per width once per model and machine, and `forward.forward_pass` runs
 each pass in the form that measured cheapest for its number of rows (the
 plan's, from the model's `tuning.Tuning`).
 
-`allow_forms(model)` gives a model's plain `torch.nn.Linear` layers a forward
-that can take another form, by a change of their class (transformers builds
-the layers, and a layer's class decides its forward); `stock_forms` changes
-them back. `pack_weights` gives those layers their packed copy (where this
-torch and CPU can, see `packing_works`), `unpack_weights` drops it. Only the
-loader calls them (`specrepl.models.tuning`, which records the changes in
-the model's `Tuning` and decides whether the memory allows a packed copy).
-The forms of a pass reach the layers through `chosen_forms`, a context
-variable set for the length of one forward pass by the code that calls the
-model (a model's `forward` has no argument that would reach its linear
-layers); outside such a block, and for every other layer type (quantized
-layers included), nothing changes, so transformers' own `generate()`
-(bench's peers) runs the stock form. The original weights are neither copied
-nor moved. Every form gives the same products up to rounding, like any
-change of kernel.
+A `FormLayers` (a `tuning.Tuning` owns one) finds a model's plain float
+`torch.nn.Linear` layers on the CPU that can take another form, and holds the
+packed copies of their weights (where this torch and CPU can, see
+`packing_works`), by layer, weakly: a model let go of takes its copies with
+it. Nothing is written into the model. Only for the length of one pass
+(`FormLayers.in_forms`, entered by the code that calls the model) do those
+layers take a forward that can choose its form, by a change of their class
+(transformers builds the layers, and a layer's class decides its forward,
+which has no argument that would reach it); their class is given back when
+the pass ends, also when it fails or is interrupted. The forms of the pass
+and its packed copies reach the layers through a context variable, so
+another thread running the same model meanwhile runs the stock form; outside
+such a pass, and for every other layer type (quantized layers included),
+nothing changes, so transformers' own `generate()` (bench's peers) and
+training run the stock model. The original weights are neither copied nor
+moved. Every form gives the same products up to rounding, like any change
+of kernel.
 
 This module knows nothing about drafting, widths or timing.
 """
@@ -44,9 +46,10 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass
+from weakref import WeakKeyDictionary
 
 import torch
 import torch.nn.functional as F
@@ -55,21 +58,11 @@ from torch import nn
 __all__ = [
     "STOCK",
     "FormChoosingLinear",
+    "FormLayers",
     "RowForms",
-    "allow_forms",
-    "chosen_forms",
-    "forms_allowed",
-    "pack_weights",
     "packable_bytes",
     "packing_works",
-    "stock_forms",
-    "unpack_weights",
-    "weights_packed",
 ]
-
-PACKED = "packed_weight"
-"""The attribute of a `FormChoosingLinear` that holds its packed copy (a plain
-attribute: not a parameter or buffer, so never in a state dict)."""
 
 
 @dataclass(frozen=True)
@@ -93,24 +86,36 @@ class RowForms:
 
 STOCK = RowForms()
 """Every product in the stock form."""
-_FORMS: ContextVar[RowForms] = ContextVar("row_forms", default=STOCK)
+
+
+@dataclass(frozen=True)
+class _Pass:
+    """What the layers of one pass read: its forms and the packed copies by layer."""
+
+    forms: RowForms
+    packed: Mapping[nn.Module, torch.Tensor]
+
+
+_PASS: ContextVar[_Pass | None] = ContextVar("form_pass", default=None)
 
 
 class FormChoosingLinear(nn.Linear):
-    """A `nn.Linear` that multiplies in the form the active `RowForms` give its
-    number of rows (see `chosen_forms`): packed when it holds a packed copy
-    (`pack_weights`), or weight first. Only the forward differs: a layer
-    becomes one by a change of class, keeping its parameters and hooks.
+    """The class a plain `nn.Linear` takes for the length of a pass
+    (`FormLayers.in_forms`): it multiplies in the form the pass's `RowForms`
+    give its number of rows, packed when the pass holds a packed copy of its
+    weight, or weight first. Only the forward differs, so the change of class
+    keeps the layer's parameters and hooks.
 
-    Under `torch.compile` (transformers' compiled `generate()`, bench's
-    hf-compiled peer) it is a plain `nn.Linear`: reading the context variable
-    would break the graph at every layer and leave most of the model eager."""
+    Under `torch.compile` it is a plain `nn.Linear`: reading the context
+    variable would break the graph at every layer and leave most of the model
+    eager."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        forms = STOCK if torch.compiler.is_compiling() else _FORMS.get()
-        if forms:
+        active = None if torch.compiler.is_compiling() else _PASS.get()
+        if active is not None and active.forms:
+            forms = active.forms
             rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
-            packed = getattr(self, PACKED, None) if forms.packs(rows) else None
+            packed = active.packed.get(self) if forms.packs(rows) else None
             if packed is not None and x.dtype == self.weight.dtype:
                 flat = x.reshape(rows, x.shape[-1]).contiguous()
                 out = torch.ops.mkldnn._linear_pointwise(flat, packed, self.bias, "none", [], "")
@@ -127,36 +132,12 @@ class FormChoosingLinear(nn.Linear):
 def _eligible(module: nn.Module) -> bool:
     weight = getattr(module, "weight", None)
     return (
-        type(module) is nn.Linear
+        type(module) in (nn.Linear, FormChoosingLinear)  # switched: inside another pass
         and isinstance(weight, torch.Tensor)
         and weight.dim() == 2
         and weight.is_floating_point()
         and weight.device.type == "cpu"
     )
-
-
-def allow_forms(model: nn.Module) -> int:
-    """Let `model`'s plain float linear layers on the CPU take another form
-    where `chosen_forms` asks for it; returns how many layers can.
-    Idempotent. A model on a GPU gets none (its BLAS has no such gap)."""
-    for module in model.modules():
-        if _eligible(module):
-            module.__class__ = FormChoosingLinear
-    return sum(isinstance(module, FormChoosingLinear) for module in model.modules())
-
-
-def stock_forms(model: nn.Module) -> None:
-    """Undo `allow_forms` (and `pack_weights`): every layer it switched is a
-    plain `nn.Linear` again."""
-    unpack_weights(model)
-    for module in model.modules():
-        if type(module) is FormChoosingLinear:
-            module.__class__ = nn.Linear
-
-
-def forms_allowed(model: nn.Module) -> bool:
-    """Whether any of `model`'s layers can take another form."""
-    return any(isinstance(module, FormChoosingLinear) for module in model.modules())
 
 
 @functools.cache
@@ -178,46 +159,70 @@ def packing_works(dtype: torch.dtype) -> bool:
     )
 
 
-def _packable(model: nn.Module) -> Iterator[FormChoosingLinear]:
-    for module in model.modules():
-        if isinstance(module, FormChoosingLinear) and packing_works(module.weight.dtype):
-            yield module
+def _packable(layers: Iterable[nn.Module]) -> Iterator[nn.Module]:
+    for layer in layers:
+        if packing_works(layer.weight.dtype):
+            yield layer
 
 
 def packable_bytes(model: nn.Module) -> int:
-    """The memory a packed copy of `model`'s switched layers would take (as
-    much again as their weights)."""
-    return sum(m.weight.numel() * m.weight.element_size() for m in _packable(model))
+    """The memory a packed copy of `model`'s layers that can take another form
+    would take (as much again as their weights)."""
+    layers = (m for m in model.modules() if _eligible(m))
+    return sum(m.weight.numel() * m.weight.element_size() for m in _packable(layers))
 
 
-@torch.no_grad()
-def pack_weights(model: nn.Module) -> int:
-    """Give every layer switched by `allow_forms` whose dtype packs here its
-    packed copy; returns how many layers hold one. Idempotent."""
-    for module in _packable(model):
-        if getattr(module, PACKED, None) is None:
-            setattr(module, PACKED, torch.ops.mkldnn._reorder_linear_weight(module.weight, None))
-    return sum(getattr(m, PACKED, None) is not None for m in model.modules())
+class FormLayers:
+    """The layers of a model that can take another form (its plain float
+    `nn.Linear` layers on the CPU; a model on a GPU has none, its BLAS has no
+    such gap), and the packed copies of their weights, both held weakly: by
+    model and by layer. What a `tuning.Tuning` owns of the linear forms."""
 
+    def __init__(self) -> None:
+        self._layers: WeakKeyDictionary[nn.Module, tuple[nn.Module, ...]] = WeakKeyDictionary()
+        self._packed: WeakKeyDictionary[nn.Module, torch.Tensor] = WeakKeyDictionary()
 
-def unpack_weights(model: nn.Module) -> None:
-    """Drop the packed copies `pack_weights` made."""
-    for module in model.modules():
-        if getattr(module, PACKED, None) is not None:
-            delattr(module, PACKED)
+    def layers(self, model: nn.Module) -> tuple[nn.Module, ...]:
+        """`model`'s layers that can take another form (found once per model)."""
+        found = self._layers.get(model)
+        if found is None:
+            found = tuple(m for m in model.modules() if _eligible(m))
+            self._layers[model] = found
+        return found
 
+    @torch.no_grad()
+    def pack(self, model: nn.Module) -> int:
+        """Hold a packed copy of the weight of every layer of `model` whose dtype
+        packs here; returns how many of its layers have one. Idempotent."""
+        for layer in _packable(self.layers(model)):
+            if layer not in self._packed:
+                self._packed[layer] = torch.ops.mkldnn._reorder_linear_weight(layer.weight, None)
+        return sum(layer in self._packed for layer in self.layers(model))
 
-def weights_packed(model: nn.Module) -> bool:
-    """Whether any of `model`'s layers holds a packed copy."""
-    return any(getattr(module, PACKED, None) is not None for module in model.modules())
+    def unpack(self) -> None:
+        """Drop every packed copy."""
+        self._packed.clear()
 
+    def packed(self, model: nn.Module) -> bool:
+        """Whether a packed copy of any of `model`'s layers is held."""
+        return any(layer in self._packed for layer in self.layers(model))
 
-@contextlib.contextmanager
-def chosen_forms(forms: RowForms) -> Iterator[None]:
-    """Within the block (this thread or task), layers made by `allow_forms`
-    multiply in the form `forms` give their number of rows."""
-    token = _FORMS.set(forms)
-    try:
-        yield
-    finally:
-        _FORMS.reset(token)
+    @contextlib.contextmanager
+    def in_forms(self, model: nn.Module, forms: RowForms) -> Iterator[None]:
+        """Within the block (this thread or task), `model`'s layers that can
+        take another form multiply in the form `forms` give their number of
+        rows, with the packed copies held here; on leaving it, also by an
+        exception, they are plain `nn.Linear` layers again. Layers already
+        switched by an enclosing block are left to it."""
+        switched: list[nn.Module] = []
+        token = _PASS.set(_Pass(forms, self._packed))
+        try:
+            for layer in self.layers(model):
+                if type(layer) is nn.Linear:
+                    switched.append(layer)  # first: an interrupt never leaves one switched
+                    layer.__class__ = FormChoosingLinear
+            yield
+        finally:
+            for layer in switched:
+                layer.__class__ = nn.Linear
+            _PASS.reset(token)

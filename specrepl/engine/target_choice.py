@@ -112,7 +112,7 @@ def torch_step_seconds(model: PreTrainedModel, tuning: Tuning, *, repeats: int =
     plan's, where it was timed, else measured now after 48 tokens."""
     if tuning.one_token_step is not None:
         return tuning.one_token_step
-    return measure_widths(model, 1, repeats=repeats, forms=tuning.forms)[1]
+    return measure_widths(model, 1, repeats=repeats, forms=tuning.forms, tuning=tuning)[1]
 
 
 def _same_text(

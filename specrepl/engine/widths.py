@@ -18,29 +18,34 @@ with a packed copy of the weights), and the plan keeps, per width, the
 cheapest. Passes wider than the plan's widths (a prompt, a pasted document)
 are timed at a few prompt sizes (`WIDE_WIDTHS`) stock and packed, and the plan
 packs them all where packed measured cheaper at every one of those sizes.
+Every timed pass runs inside the model's `tuning.Tuning.running`, in the form
+being timed, with the packed copies and the attention of that tuning, as
+`forward.forward_pass` will run it; the model is the stock model again after
+each.
 
-This module times a model and makes its plan; it keeps nothing. Which plans
-are stored, and for which models, is `specrepl.models.tuning`'s business. It
-knows nothing about drafting or acceptance.
+This module times a model and makes its plan (`width_plan.WidthPlan`); it
+keeps nothing. Which plans are stored, and for which models, is
+`specrepl.models.width_plans`' business. It knows nothing about drafting or
+acceptance.
 """
 
 from __future__ import annotations
 
-import functools
 import platform
 import statistics
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from transformers import PreTrainedModel
+from transformers import DynamicCache, PreTrainedModel
 
 from specrepl.engine.devices import synchronize
 from specrepl.engine.kv_cache import new_cache, rollback_to
-from specrepl.engine.linear_forms import STOCK, RowForms, chosen_forms
+from specrepl.engine.linear_forms import STOCK, RowForms
+from specrepl.engine.tuning import Tuning
+from specrepl.engine.width_plan import WidthPlan, plan_widths
 
-__all__ = [
+__all__ = [  # WidthPlan and plan_widths are width_plan's, named here as before
     "WIDE_WIDTHS",
     "WidthPlan",
     "cpu_identity",
@@ -61,51 +66,6 @@ WIDE_WIDTHS: tuple[int, ...] = (64, 256)
 the packed form for every pass wider than its own widths."""
 
 
-@dataclass(frozen=True)
-class WidthPlan:
-    """Measured forward seconds per width (in the cheapest form), the width each
-    width is padded to, the widths whose pass multiplies weight first or with
-    the packed weights, and from which width on every wider pass (a prompt) is
-    packed (None: those run stock)."""
-
-    seconds: dict[int, float]
-    padded: dict[int, int]
-    weight_first: frozenset[int] = frozenset()
-    packed: frozenset[int] = frozenset()
-    packed_from: int | None = None
-
-    def to_dict(self) -> dict[str, object]:
-        return {
-            "ms_per_width": {w: round(s * 1e3, 2) for w, s in sorted(self.seconds.items())},
-            "padded": {w: p for w, p in sorted(self.padded.items()) if p != w},
-            "weight_first": sorted(self.weight_first),
-            "packed": sorted(self.packed),
-            "packed_from": self.packed_from,
-        }
-
-    @property
-    def packs_any(self) -> bool:
-        """Whether any pass of the plan multiplies with the packed weights."""
-        return bool(self.packed) or self.packed_from is not None
-
-    @functools.cached_property
-    def forms(self) -> RowForms:
-        """The forms of the linear layers' products by number of rows (made once:
-        every forward pass of a model whose layers take them reads it)."""
-        return RowForms(
-            weight_first=self.weight_first, packed=self.packed, packed_from=self.packed_from
-        )
-
-    def step_seconds(self) -> dict[int, float]:
-        """Measured seconds of a step with k drafts, by k: it feeds k + 1 tokens,
-        padded to the width the plan chose."""
-        return {
-            width - 1: self.seconds[padded]
-            for width, padded in self.padded.items()
-            if padded in self.seconds
-        }
-
-
 def measure_widths(
     model: PreTrainedModel,
     max_width: int,
@@ -114,13 +74,15 @@ def measure_widths(
     repeats: int = 5,
     seed: int = 0,
     forms: RowForms = STOCK,
+    tuning: Tuning | None = None,
 ) -> dict[int, float]:
     """Median seconds of one cached forward pass feeding 1..max_width tokens
-    after `context` cached tokens (each width's linear layers in the form
-    `forms` give it, see `linear_forms.py`). Widths are timed in rotating
+    after `context` cached tokens, run as `tuning` runs the model's passes
+    (None: the stock model) but with each width's linear layers in the form
+    `forms` give it (see `linear_forms.py`). Widths are timed in rotating
     order so that a slow spell of the machine does not land on one width."""
     samples = measure_width_samples(
-        model, max_width, context=context, repeats=repeats, seed=seed, forms=forms
+        model, max_width, context=context, repeats=repeats, seed=seed, forms=forms, tuning=tuning
     )
     return {w: statistics.median(times) for w, times in samples.items()}
 
@@ -137,6 +99,15 @@ def spread(samples: dict[int, list[float]]) -> float:
     return worst
 
 
+def _prefilled(model: PreTrainedModel, tokens: torch.Tensor, tuning: Tuning) -> DynamicCache:
+    """A cache holding `tokens`, fed as `tuning` runs the model (the timed
+    passes attend over it)."""
+    cache = new_cache(model)
+    with tuning.running(model, STOCK):
+        model(input_ids=tokens[None], past_key_values=cache, use_cache=True, logits_to_keep=1)
+    return cache
+
+
 @torch.no_grad()
 def measure_width_samples(
     model: PreTrainedModel,
@@ -146,16 +117,17 @@ def measure_width_samples(
     repeats: int = 5,
     seed: int = 0,
     forms: RowForms = STOCK,
+    tuning: Tuning | None = None,
 ) -> dict[int, list[float]]:
     """Every timed repeat of `measure_widths`, per width."""
     if max_width < 1:
         raise ValueError(f"max_width must be >= 1, got {max_width}")
+    tuning = Tuning() if tuning is None else tuning
     device = next(model.parameters()).device
     vocab = int(model.config.get_text_config().vocab_size)
     generator = torch.Generator().manual_seed(seed)
     tokens = torch.randint(0, vocab, (context + max_width,), generator=generator).to(device)
-    cache = new_cache(model)
-    model(input_ids=tokens[None, :context], past_key_values=cache, use_cache=True, logits_to_keep=1)
+    cache = _prefilled(model, tokens[:context], tuning)
     timings: dict[int, list[float]] = {w: [] for w in range(1, max_width + 1)}
     widths = list(timings)
     for round_index in range(repeats + 1):  # the first round warms the kernels up
@@ -164,7 +136,7 @@ def measure_width_samples(
             fed = tokens[None, context : context + width]
             synchronize(device)
             start = time.perf_counter()
-            with chosen_forms(forms):
+            with tuning.running(model, forms):
                 model(input_ids=fed, past_key_values=cache, use_cache=True, logits_to_keep=width)
             synchronize(device)
             elapsed = time.perf_counter() - start
@@ -172,32 +144,6 @@ def measure_width_samples(
             if round_index:
                 timings[width].append(elapsed)
     return timings
-
-
-def plan_widths(
-    seconds: dict[int, float],
-    *,
-    margin: float = 0.9,
-    weight_first: frozenset[int] = frozenset(),
-    packed: frozenset[int] = frozenset(),
-    packed_from: int | None = None,
-) -> WidthPlan:
-    """Pad a width to the cheapest larger measured width when that costs less
-    than `margin` times its own time (a clear win, not noise). `seconds` are
-    each width's in the form that `weight_first` and `packed` chose for it;
-    `packed_from` is kept as given."""
-    padded: dict[int, int] = {}
-    for width, cost in seconds.items():
-        larger = [(seconds[w], w) for w in seconds if w > width]
-        best_cost, best = min(larger, default=(cost, width))
-        padded[width] = best if best_cost < margin * cost else width
-    return WidthPlan(
-        seconds=dict(seconds),
-        padded=padded,
-        weight_first=frozenset(w for w in weight_first if w in seconds),
-        packed=frozenset(w for w in packed if w in seconds),
-        packed_from=packed_from,
-    )
 
 
 @torch.no_grad()
@@ -209,24 +155,26 @@ def measure_wide_samples(
     context: int = 48,
     repeats: int = 2,
     seed: int = 0,
+    tuning: Tuning | None = None,
 ) -> dict[str, dict[int, list[float]]]:
     """Every timed repeat of one cached pass feeding each of `widths` tokens
-    (a prompt: one logit kept) in each of `forms`, by form name and width.
+    (a prompt: one logit kept) in each of `forms`, by form name and width, run
+    as `tuning` runs the model's passes (None: the stock model) in that form.
     The forms alternate within every round, so that a slow spell of the
     machine lands on all of them; the first round warms the kernels up."""
+    tuning = Tuning() if tuning is None else tuning
     device = next(model.parameters()).device
     vocab = int(model.config.get_text_config().vocab_size)
     generator = torch.Generator().manual_seed(seed)
     tokens = torch.randint(0, vocab, (context + max(widths),), generator=generator).to(device)
-    cache = new_cache(model)
-    model(input_ids=tokens[None, :context], past_key_values=cache, use_cache=True, logits_to_keep=1)
+    cache = _prefilled(model, tokens[:context], tuning)
     timings: dict[str, dict[int, list[float]]] = {name: {w: [] for w in widths} for name in forms}
     for round_index in range(repeats + 1):
         for width in widths:
             for name, row_forms in forms.items():
                 synchronize(device)
                 start = time.perf_counter()
-                with chosen_forms(row_forms):
+                with tuning.running(model, row_forms):
                     model(
                         input_ids=tokens[None, context : context + width],
                         past_key_values=cache,
@@ -241,17 +189,18 @@ def measure_wide_samples(
     return timings
 
 
-def _wide_passes_packed(model: PreTrainedModel, max_width: int, **measure: int) -> bool:
+def _wide_passes_packed(
+    model: PreTrainedModel, max_width: int, tuning: Tuning, **measure: int
+) -> bool:
     """Whether passes wider than `max_width` measured cheaper packed than stock
-    at every prompt size of `WIDE_WIDTHS` above it (the layers hold packed
+    at every prompt size of `WIDE_WIDTHS` above it (`tuning` holds packed
     copies)."""
     widths = tuple(w for w in WIDE_WIDTHS if w > max_width)
     if not widths:
         return False
     context = measure.get("context", 48)
-    timed = measure_wide_samples(
-        model, widths, {"stock": STOCK, "packed": RowForms(packed_from=1)}, context=context
-    )
+    forms = {"stock": STOCK, "packed": RowForms(packed_from=1)}
+    timed = measure_wide_samples(model, widths, forms, context=context, tuning=tuning)
     return all(
         statistics.median(timed["packed"][w]) < statistics.median(timed["stock"][w]) for w in widths
     )
@@ -260,20 +209,20 @@ def _wide_passes_packed(model: PreTrainedModel, max_width: int, **measure: int) 
 def measure_plan(
     model: PreTrainedModel,
     max_width: int,
-    *,
-    forms: bool = False,
-    packed: bool = False,
+    tuning: Tuning | None = None,
     **measure: int,
 ) -> tuple[WidthPlan, float]:
-    """Time every width in the stock form and, when the model's layers can take
-    them, weight first (`forms`: the layers were switched by
-    `linear_forms.allow_forms` before, so that the stock form is timed on the
-    layers that will run it) and with their packed copies (`packed`: they hold
-    one, `linear_forms.pack_weights`); plan with the cheapest form of each
-    width, and, with packed copies, pack every wider pass where prompt-sized
-    passes measured cheaper packed (`WIDE_WIDTHS`). Returns the plan and the
-    spread of the noisiest timings."""
-    stock = measure_width_samples(model, max_width, **measure)
+    """Time every width, as `tuning` runs the model's passes (None: the stock
+    model), in the stock form and, where `tuning` says the model's layers can
+    take them, weight first (`linear_forms`; the stock form is then timed on
+    the same switched layers, as a plan's stock widths run) and with packed
+    copies (`packed_weights`: `tuning` holds them); plan with the cheapest
+    form of each width, and, with packed copies, pack every wider pass where
+    prompt-sized passes measured cheaper packed (`WIDE_WIDTHS`). Returns the
+    plan and the spread of the noisiest timings."""
+    tuning = Tuning() if tuning is None else tuning
+    forms, packed = tuning.linear_forms, tuning.linear_forms and tuning.packed_weights
+    stock = measure_width_samples(model, max_width, forms=STOCK, tuning=tuning, **measure)
     every = frozenset(stock)
     samples = [stock]
     seconds = {w: statistics.median(t) for w, t in stock.items()}
@@ -284,12 +233,12 @@ def measure_plan(
         if packed:
             others.append(("packed", RowForms(packed=every)))
     for name, row_forms in others:
-        timed = measure_width_samples(model, max_width, forms=row_forms, **measure)
+        timed = measure_width_samples(model, max_width, forms=row_forms, tuning=tuning, **measure)
         samples.append(timed)
         for width, times in timed.items():
             if (median := statistics.median(times)) < seconds[width]:
                 seconds[width], cheapest[width] = median, name
-    wide_packed = forms and packed and _wide_passes_packed(model, max_width, **measure)
+    wide_packed = packed and _wide_passes_packed(model, max_width, tuning, **measure)
     plan = plan_widths(
         seconds,
         weight_first=frozenset(w for w, name in cheapest.items() if name == "weight_first"),

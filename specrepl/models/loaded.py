@@ -50,7 +50,8 @@ class LoadedModel:
     empty and filled by `specrepl.models.tuning` (and `width_plans`): what
     runs the model passes it to the generators and drafters. It outlives a
     release, so the model comes back with its width plan, linear forms and
-    attention.
+    attention (and packed copies made again for its new layers, where the
+    memory allows).
     """
 
     held: PreTrainedModel | None
@@ -151,7 +152,8 @@ class LoadedModel:
         return logits_width(self.model)
 
     def to_dict(self) -> dict[str, Any]:
-        """What was loaded, JSON-ready (for --json output and benchmark reports)."""
+        """What was loaded, JSON-ready (for --json output and benchmark reports);
+        `attention` is what its passes attend with."""
         return {
             "name": self.name,
             "kind": self.kind,
@@ -162,7 +164,7 @@ class LoadedModel:
             "load_seconds": self.load_seconds,
             "from_cache": self.from_cache,
             "gguf": None if self.gguf is None else str(self.gguf),
-            "attention": getattr(self.model.config, "_attn_implementation", None),
+            "attention": self.tuning.attention or self.model.config._attn_implementation,
         }
 
     def describe(self) -> str:

@@ -50,8 +50,8 @@ class ModelPair:
     drafter_is_copy: bool = False
     """The drafter holds the target's own weights (in another precision), so it
     takes the target's keys and values instead of reading prompts
-    (`drafters.model.is_copy_of`). Its attention may then be switched to
-    attend in the target's dtype (recorded in `drafter.tuning`)."""
+    (`drafters.model.is_copy_of`). Its passes may then attend in the
+    target's dtype (recorded in `drafter.tuning`)."""
 
     def generation_options(self, *, use_cache: bool, seed: int | None = None) -> dict[str, Any]:
         """The keyword arguments every generator call on this pair shares: its

@@ -10,13 +10,14 @@ than `MAX_PLAN_AGE_DAYS`, or on request (`retime=True`), and a measurement
 whose repeats disagree by more than `NOISY_SPREAD` (the machine was busy) is
 used for the session but not stored, so it cannot slow every later start down.
 
-A model is timed with its linear layers able to take every form
-(`tuning.allow_linear_forms`, and `tuning.pack_linear_weights` where the
-memory allows a packed copy, dropped again when no width is faster with it;
-recorded in its tuning; a plan may pack prompt-sized passes only). A stored
+A model is timed in every form its linear layers can take, as its passes
+will run (`tuning.allow_linear_forms`, and `tuning.pack_linear_weights`
+where the memory allows a packed copy, dropped again when no width is
+faster with it; recorded in its tuning, whose packed copies and attention
+the timed passes use; a plan may pack prompt-sized passes only). A stored
 plan that uses the packed copy while the memory no longer allows one is
-measured again. This module knows nothing
-about decoding, settings or the terminal.
+measured again. This module knows nothing about decoding, settings or the
+terminal.
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
-from specrepl.engine.widths import WidthPlan, machine_parts, measure_plan, plan_widths
+from specrepl.engine.width_plan import WidthPlan, plan_widths
+from specrepl.engine.widths import machine_parts, measure_plan
 from specrepl.models.loaded import LoadedModel
 from specrepl.models.pair import ModelPair
 from specrepl.models.tuning import (
@@ -94,23 +96,22 @@ def _take_forms(loaded: LoadedModel, plan: WidthPlan) -> bool:
         allow_linear_forms(loaded.model, loaded.tuning)
     if plan.packs_any:
         return pack_linear_weights(loaded.model, loaded.tuning)
-    unpack_linear_weights(loaded.model, loaded.tuning)
+    unpack_linear_weights(loaded.tuning)
     return True
 
 
 def _measure(
     loaded: LoadedModel, max_width: int, saved: dict[str, Any], key: str, now: float
 ) -> WidthPlan:
-    """Time `loaded`'s widths (its layers switched first: the stock form is timed
-    on the layers that will run it) and note the plan in `saved` unless noisy."""
+    """Time `loaded`'s widths in every form its layers can take (the stock form
+    on the layers that run the others) and note the plan in `saved` unless
+    noisy."""
     tuning = loaded.tuning
     allow_linear_forms(loaded.model, tuning)
     pack_linear_weights(loaded.model, tuning)
-    plan, noise = measure_plan(
-        loaded.model, max_width, forms=tuning.linear_forms, packed=tuning.packed_weights
-    )
+    plan, noise = measure_plan(loaded.model, max_width, tuning)
     if not plan.packs_any:
-        unpack_linear_weights(loaded.model, tuning)
+        unpack_linear_weights(tuning)
     if noise <= NOISY_SPREAD:
         saved[key] = {
             "seconds": plan.seconds,

@@ -145,6 +145,7 @@ def _append_answers(
     writer = choose_writer(
         target,
         options.writer_dtype,
+        attention=pair.target.tuning.attention,
         rows=batch,
         answer_tokens=options.max_new_tokens // 2,
     )
@@ -194,7 +195,12 @@ def _cache_data(
     """Prompts, answers and features in the work directory: the records, and
     how they were made."""
     target, tokenizer = pair.target.model, pair.tokenizer
-    writer = choose_writer(target, options.writer_dtype, answer_tokens=options.max_new_tokens // 2)
+    writer = choose_writer(
+        target,
+        options.writer_dtype,
+        attention=pair.target.tuning.attention,
+        answer_tokens=options.max_new_tokens // 2,
+    )
     say(
         f"answers are written by the target in {writer.label} ({_timed(writer.timed)});"
         " features come from the target"
