@@ -61,7 +61,7 @@ def test_a_bf16_copy_attending_in_either_dtype_keeps_the_target_output(
             prompt, drafter, target, gamma=gamma, max_gen_len=40, on_step=events.append
         )
         assert result.token_ids == autoregressive_generate(prompt, target, max_gen_len=40).token_ids
-        held = drafter.cache
+        held = drafter.runtime.cache
         assert held is not None
         assert {layer.keys.dtype for layer in held.layers} == {cache_dtype}
     assert sum(event.accepted for event in events) > 0
@@ -90,8 +90,9 @@ def test_the_pair_gives_the_copy_the_attention_measured_cheaper_here(
     for prompt in PROMPTS:
         speculative_generate(prompt, drafter, target, gamma=4, max_gen_len=12)
     assert measured == [torch.float32]  # the drafter measures nothing
-    assert drafter.cache_dtype == cheaper
-    assert drafter.cache is not None and drafter.cache.layers[0].keys.dtype == cheaper
+    assert drafter.importer.cache_dtype == cheaper
+    assert drafter.runtime.cache is not None
+    assert drafter.runtime.cache.layers[0].keys.dtype == cheaper
 
 
 def test_a_copy_in_the_targets_dtype_is_not_measured(target, monkeypatch) -> None:
