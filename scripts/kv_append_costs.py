@@ -25,7 +25,7 @@ import time
 import numpy as np
 import torch
 
-from specrepl.engine.drafters.llamacpp_kv import _cosine, _logits, _target_cache, probe_importer
+from specrepl.engine.drafters.llamacpp_kv import _target_cache, cosine, last_logits, probe_importer
 from specrepl.engine.llamacpp import open_gguf
 from specrepl.engine.widths import cpu_identity
 from specrepl.models.embedded import embedded_gguf_path
@@ -38,7 +38,7 @@ def write_costs(llama, importer, target, context: int, new: int, rounds: int) ->
     cache = _target_cache(target, tokens[:context])
     llama.n_tokens = 0
     llama.eval(tokens)
-    own = _logits(llama)
+    own = last_logits(llama)
     seconds: dict[str, list[float]] = {"whole": [], "append": []}
     agreement: list[float] = []
     for _ in range(rounds):
@@ -50,8 +50,8 @@ def write_costs(llama, importer, target, context: int, new: int, rounds: int) ->
                 importer.write(cache, context - new, tokens)
                 seconds[way].append(importer.append(cache, context - new, context, tokens))
             llama.eval(tokens[context:])
-            taken = _logits(llama)
-            agreement.append(_cosine(own, taken) if own.argmax() == taken.argmax() else 0.0)
+            taken = last_logits(llama)
+            agreement.append(cosine(own, taken) if own.argmax() == taken.argmax() else 0.0)
     whole, append = (1e3 * statistics.median(seconds[way]) for way in ("whole", "append"))
     return (
         f"{context:6d} tokens: whole write {whole:7.1f} ms, append of the last {new} "
