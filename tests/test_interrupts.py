@@ -919,3 +919,18 @@ def test_a_signal_in_distill_data_keeps_every_whole_shard(
     records = list(opened.records(damaged.append))
     assert opened.shards and not damaged
     assert len(records) == sum(shard.records for shard in opened.shards)
+
+
+def test_ctrl_c_while_the_arguments_are_read_ends_like_one_while_importing(
+    monkeypatch, capsys
+) -> None:
+    """A Ctrl-C that lands after the command line was imported but before
+    anything started (a slow start: CI saw it) ends with one line and 130."""
+
+    def interrupted(argv: Any) -> Any:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "parse_arguments", interrupted)
+    assert cli.main(["--prompt", "w7"]) == 130
+    err = capsys.readouterr().err
+    assert "Interrupted while starting." in err and "Traceback" not in err

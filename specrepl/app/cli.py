@@ -280,7 +280,12 @@ def _interactive(front: Front[Renderer]) -> int:
 
 
 def _main(argv: Sequence[str] | None) -> int:
-    args = parse_arguments(argv)
+    try:
+        args = parse_arguments(argv)
+    except KeyboardInterrupt:  # Ctrl-C before anything started: as while importing
+        with contextlib.suppress(KeyboardInterrupt):
+            sys.stderr.write("Interrupted while starting.\n")
+        return EXIT_INTERRUPTED
     subcommand = getattr(args, "run", None)
     if subcommand is not None:
         return int(subcommand(args))
