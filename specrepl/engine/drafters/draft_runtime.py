@@ -109,13 +109,12 @@ class TorchDraftRuntime(DraftRuntime):
         self, model: PreTrainedModel, *, tuning: Tuning | None = None, use_cache: bool = True
     ) -> None:
         self.runnable = TorchModel(model, tuning)
-        self.use_cache = use_cache
         self.width = self.runnable.width
         self.context = self.runnable.context
         self.device = self.runnable.device
         self.runtime = self.runnable.open(use_cache=use_cache)
-        self._ids = torch.empty(256, dtype=torch.long, device=self.device)
-        self._length = 0
+        self._held: list[int] = []
+        self._ids = torch.empty(256, dtype=torch.long, device=self.device)  # `_held` for the passes
         self._logits: torch.Tensor | None = None
 
     @property
@@ -131,22 +130,21 @@ class TorchDraftRuntime(DraftRuntime):
         return self.runtime.cache
 
     def held(self) -> list[int]:
-        return self._ids[: self._length].tolist()
+        return self._held[:]  # read back from `_ids` it would cost a device sync
 
     def record(self, tokens: list[int]) -> None:
         """Add `tokens` to the record without a pass (their keys and values were handed over)."""
-        end = self._length + len(tokens)
+        start, end = len(self._held), len(self._held) + len(tokens)
         if end > self._ids.shape[0]:
-            grown = torch.empty(max(end, 2 * self._ids.shape[0]), dtype=torch.long)
-            grown = grown.to(self.device)
-            grown[: self._length] = self._ids[: self._length]
+            grown = self._ids.new_empty(max(end, 2 * self._ids.shape[0]))
+            grown[:start] = self._ids[:start]
             self._ids = grown
-        self._ids[self._length : end] = torch.tensor(tokens, dtype=torch.long)
-        self._length = end
+        self._ids[start:end] = torch.tensor(tokens, dtype=torch.long)
+        self._held.extend(tokens)
 
     def feed(self, tokens: list[int]) -> None:
         self.record(tokens)
-        self._logits = self.runtime.score(self._ids[: self._length], 1, self.width)[0][0]
+        self._logits = self.runtime.score(self._ids[: len(self._held)], 1, self.width)[0][0]
 
     def last_logits(self, vocab_size: int, device: torch.device) -> torch.Tensor:
         if self._logits is None:
@@ -154,10 +152,10 @@ class TorchDraftRuntime(DraftRuntime):
         return self._logits[:vocab_size]
 
     def cut(self, length: int) -> None:
-        if length < self._length:
-            self._length = length
+        if length < len(self._held):
+            del self._held[length:]
             self._logits = None
-        self.runtime.rollback_to(self._length)
+        self.runtime.rollback_to(len(self._held))
 
 
 class TorchImporter:
