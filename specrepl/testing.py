@@ -12,7 +12,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import torch
-from tokenizers import Tokenizer, models, pre_tokenizers
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 SPECIAL_TOKENS = ("<unk>", "<s>", "<|im_start|>", "<|im_end|>")
@@ -73,6 +73,48 @@ def tiny_tokenizer(vocab_size: int = 32, *, word_prefix: str = "w") -> PreTraine
         raise ValueError(f"vocab_size must be at least {len(words)}")
     backend = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
     backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return _fast(backend)
+
+
+def tiny_char_tokenizer() -> PreTrainedTokenizerFast:
+    """A character-level tokenizer with `tiny_tokenizer`'s special tokens and
+    chat template: ids 0-3 the special tokens, then a space and every
+    character of `tiny_tokenizer`'s words (letters and digits), one token
+    each. Another tokenizer than the word-level one, for drafting across
+    tokenizers: it writes the text of any of those words."""
+    characters = sorted(set(" w0123456789" + "".join(ROLE_WORDS)))
+    vocabulary = [*SPECIAL_TOKENS, *characters]
+    backend = Tokenizer(
+        models.WordLevel({w: i for i, w in enumerate(vocabulary)}, unk_token="<unk>")
+    )
+    backend.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    backend.decoder = decoders.Fuse()
+    return _fast(backend)
+
+
+def reworded_tokenizer(
+    vocab_size: int = 32, *, seed: int = 0, renamed: int = 0
+) -> PreTrainedTokenizerFast:
+    """`tiny_tokenizer(vocab_size)`'s vocabulary with its words under other ids
+    (a seeded shuffle; the special tokens keep theirs), and its last `renamed`
+    words replaced by words the target does not have: the same strings under
+    other ids (`renamed` 0) or different tokenizers sharing most tokens."""
+    words = [*ROLE_WORDS] + [
+        f"w{i}" for i in range(len(SPECIAL_TOKENS) + len(ROLE_WORDS), vocab_size)
+    ]
+    for index in range(1, renamed + 1):
+        words[-index] = f"v{index}"
+    order = torch.randperm(len(words), generator=torch.Generator().manual_seed(seed)).tolist()
+    vocabulary = [*SPECIAL_TOKENS, *(words[i] for i in order)]
+    backend = Tokenizer(
+        models.WordLevel({w: i for i, w in enumerate(vocabulary)}, unk_token="<unk>")
+    )
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return _fast(backend)
+
+
+def _fast(backend: Tokenizer) -> PreTrainedTokenizerFast:
+    """`backend` with `tiny_tokenizer`'s special tokens and chat template."""
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=backend,
         unk_token="<unk>",
@@ -82,6 +124,31 @@ def tiny_tokenizer(vocab_size: int = 32, *, word_prefix: str = "w") -> PreTraine
     )
     tokenizer.chat_template = CHAT_TEMPLATE
     return tokenizer
+
+
+def relabelled_copy(
+    model: LlamaForCausalLM, drafter_of_target: torch.Tensor, size: int
+) -> LlamaForCausalLM:
+    """A copy of `model` that reads and writes another vocabulary of `size`
+    ids: drafter id `drafter_of_target[t]` gets the rows of the model's token
+    t (embedding and output head); ids no target token maps to keep random
+    rows. With a `Translation`'s map, a drafter that predicts what the target
+    does, through another tokenizer."""
+    config = model.config.to_dict()
+    config["vocab_size"] = size
+    copy = LlamaForCausalLM(type(model.config)(**config))
+    state = {
+        k: v
+        for k, v in model.state_dict().items()
+        if "embed_tokens" not in k and "lm_head" not in k
+    }
+    copy.load_state_dict(state, strict=False)
+    rows = torch.nonzero(drafter_of_target >= 0).flatten()
+    with torch.no_grad():
+        for name in ("model.embed_tokens.weight", "lm_head.weight"):
+            mine, theirs = copy.state_dict()[name], model.state_dict()[name]
+            mine[drafter_of_target[rows]] = theirs[rows]
+    return copy.eval()
 
 
 def perturbed_copy(model: LlamaForCausalLM, noise: float, *, seed: int = 0) -> LlamaForCausalLM:

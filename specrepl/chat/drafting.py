@@ -378,6 +378,7 @@ def build_pair_drafter(
         target_tuning=pair.target.tuning,
         model_tuning=None if pair.drafter is None else pair.drafter.tuning,
         target_runnable=target,
+        translation=pair.translation,
     )
 
 

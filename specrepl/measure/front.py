@@ -71,13 +71,15 @@ def config_block(
     config: AppConfig, pair: ModelPair, settings: Settings, **extra: Any
 ) -> dict[str, Any]:
     """The "config" object of every `--json` file but bench's (which has its own
-    options): the settings, the config file, the device, the models, and `extra`."""
+    options): the settings, the config file, the device, the models, how the
+    drafter's vocabulary relates to the target's, and `extra`."""
     return {
         **settings.as_dict(),
         "config_file": None if config.path is None else str(config.path),
         "device": str(pair.device),
         "target": pair.target.to_dict(),
         "drafter": pair.drafter.to_dict() if pair.drafter else None,
+        "tokenizers": None if pair.vocabulary is None else pair.vocabulary.as_json(),
         **extra,
     }
 

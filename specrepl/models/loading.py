@@ -64,8 +64,11 @@ def load_pair(
 
     A drafter with the same spec as the target shares the target's model
     object; a drafter from the same source reuses the target's tokenizer and,
-    for GGUF files, the same converted copy. Raises ModelLoadError, or
-    IncompatibleTokenizersError when the drafter reads another vocabulary.
+    for GGUF files, the same converted copy. A drafter with a tokenizer of
+    its own drafts across the two (`vocabularies.match_vocabularies`, which
+    the pair's `vocabulary` describes). Raises ModelLoadError, or
+    IncompatibleTokenizersError when a model's logits do not cover its
+    tokenizer or the drafter's tokenizer cannot write the target's text.
     """
     report = progress or _ignore
     target_spec = _as_spec(target)
@@ -84,7 +87,7 @@ def load_pair(
             drafter_loaded, drafter_tokenizer, _ = loader.load(
                 drafter_spec, "drafter", tokenizer_from=(target_where, tokenizer)
             )
-        report("checking that the target and drafter share a tokenizer…")
+        report("comparing the target's and the drafter's tokenizers…")
     return ModelPair.assemble(target_loaded, drafter_loaded, tokenizer, drafter_tokenizer)
 
 

@@ -1,7 +1,8 @@
-"""A loaded model pair: a target, an optional drafter and the tokenizer both read.
+"""A loaded model pair: a target, an optional drafter and the target's tokenizer.
 
 `ModelPair` checks that the models fit together before any generation: one
-device, and one vocabulary (`compatibility.py`), and finds every token that
+device, and vocabularies the drafts can be carried across (`vocabularies.py`:
+one tokenizer, or a translation between two), and finds every token that
 ends an answer. Loading the models is `loading.py`'s; wrapping models built
 in memory (`ModelPair.from_models`) runs the same checks.
 
@@ -18,10 +19,11 @@ import torch
 from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
 
 from specrepl.engine.drafters.model import is_copy_of
+from specrepl.engine.drafters.translated import Translation
 from specrepl.engine.forward import context_length
-from specrepl.models.compatibility import check_compatibility
 from specrepl.models.loaded import LoadedModel
 from specrepl.models.tuning import choose_copy_attention, choose_grouped_attention
+from specrepl.models.vocabularies import VocabularyMatch, match_vocabularies
 
 __all__ = ["DEFAULT_CONTEXT_LENGTH", "ModelPair", "find_end_tokens"]
 
@@ -34,10 +36,12 @@ class ModelPair:
     """A target, an optional drafter and the one tokenizer both decode with.
 
     `vocab_size` is the width both generators slice logits to: the length of
-    the target's tokenizer, which the compatibility check has proved the
-    drafter shares and both models' logits cover. A drafter loaded from the
-    same spec as the target is the target's `LoadedModel` itself, so both
-    roles share one model and one tuning.
+    the target's tokenizer, which the target's logits cover. `vocabulary`
+    says how the drafter's vocabulary relates to it (`vocabularies.py`: one
+    tokenizer, the same strings under other ids, or different tokenizers with
+    the translation between them; None without a drafter model). A drafter
+    loaded from the same spec as the target is the target's `LoadedModel`
+    itself, so both roles share one model and one tuning.
     """
 
     target: LoadedModel
@@ -52,6 +56,16 @@ class ModelPair:
     takes the target's keys and values instead of reading prompts
     (`drafters.model.is_copy_of`). Its passes may then attend in the
     target's dtype (recorded in `drafter.tuning`)."""
+    vocabulary: VocabularyMatch | None = None
+    """How the drafter model's vocabulary relates to the target's."""
+    drafter_tokenizer: PreTrainedTokenizerBase | None = None
+    """The drafter model's own tokenizer where it is not the target's."""
+
+    @property
+    def translation(self) -> Translation | None:
+        """The translation between the drafter's ids and the target's (None:
+        one tokenizer, or no drafter model)."""
+        return None if self.vocabulary is None else self.vocabulary.translation
 
     def generation_options(self, *, use_cache: bool, seed: int | None = None) -> dict[str, Any]:
         """The keyword arguments every generator call on this pair shares: its
@@ -79,8 +93,9 @@ class ModelPair:
     ) -> ModelPair:
         """Wrap models already built in memory; runs the same checks as `load_pair`.
 
-        Raises IncompatibleTokenizersError when the drafter's tokenizer or
-        either model's logits do not fit `tokenizer`, ValueError when the two
+        Raises IncompatibleTokenizersError when either model's logits do not
+        cover its tokenizer or the drafter's tokenizer cannot write the
+        target's text (`vocabularies.match_vocabularies`), ValueError when the two
         models are on different devices.
         """
         target = LoadedModel.wrap(target_model, name=target_name, kind="memory")
@@ -109,13 +124,14 @@ class ModelPair:
                 f"the target is on {target.device} and the drafter on {drafter.device}: "
                 "both models must be on one device"
             )
-        vocab_size = check_compatibility(
+        vocab_size, vocabulary = match_vocabularies(
             tokenizer,
             drafter_tokenizer,
             target_logits=target.logits_width,
             drafter_logits=None if drafter is None else drafter.logits_width,
         )
-        copy = drafter is not None and is_copy_of(drafter.model, target.model)
+        shared = vocabulary is None or vocabulary.kind == "one"
+        copy = shared and drafter is not None and is_copy_of(drafter.model, target.model)
         if copy and drafter is not None:
             choose_copy_attention(drafter.model, drafter.tuning, target.dtype)
         choose_grouped_attention(target.model, target.tuning)
@@ -130,6 +146,8 @@ class ModelPair:
             context_length=context_length(target.model) or DEFAULT_CONTEXT_LENGTH,
             device=target.device,
             drafter_is_copy=copy,
+            vocabulary=vocabulary,
+            drafter_tokenizer=None if shared else drafter_tokenizer,
         )
 
 

@@ -30,7 +30,8 @@ def models_table(
     the draft head if one drafts (`head`: its head.json plus "path", and "chosen":
     why a hybrid drafts with it rather than the model), what runs the
     drafter model (`runtime`) and the target (`target_runtime`), and the
-    device, vocabulary, context and end tokens."""
+    device, vocabulary, context and end tokens; where the drafter has a
+    tokenizer of its own, how drafts cross between the two."""
     table = plain_table()
     table.add_column("", style="bold")
     table.add_column("model")
@@ -90,4 +91,6 @@ def models_table(
         f"context {pair.context_length} · end tokens {pair.eos_token_ids}",
         style="dim",
     )
+    if pair.vocabulary is not None and pair.vocabulary.kind != "one":
+        footer.append(f"\ntokenizers: {pair.vocabulary.describe()}")
     return Group(table, footer)

@@ -34,6 +34,7 @@ from specrepl.engine.drafters.model import ModelDrafter
 from specrepl.engine.drafters.ngram import NgramDrafter
 from specrepl.engine.drafters.options import DRAFTER_KINDS, DrafterOptions, names_auto_head
 from specrepl.engine.drafters.runtime import RuntimeChoice
+from specrepl.engine.drafters.translated import TranslatedDrafter, Translation
 from specrepl.engine.runtime import RunnableModel
 from specrepl.engine.tuning import Tuning
 
@@ -72,6 +73,7 @@ def build_drafter(
     target_tuning: Tuning | None = None,
     model_tuning: Tuning | None = None,
     target_runnable: RunnableModel | None = None,
+    translation: Translation | None = None,
 ) -> Drafter:
     """The drafter `spec` describes. `model` is the drafter model, needed by
     the `model` kind and by `hybrid` without a head, unless `runtime` runs it
@@ -84,8 +86,10 @@ def build_drafter(
     with. `target_runnable` is what verifies, where the caller knows it: its
     own measured one-token step sets the read window; a llama.cpp target
     hands a copy in llama.cpp its keys and values from its own context, and a
-    torch copy none (it reads for itself). Raises ValueError for an unknown
-    kind or a missing model or head."""
+    torch copy none (it reads for itself). `translation` (a drafter model
+    with another tokenizer: `ModelPair.translation`) puts the model drafter
+    behind a `TranslatedDrafter`. Raises ValueError for an unknown kind or a
+    missing model or head."""
     step = None if target_tuning is None else target_tuning.one_token_step
     if target_runnable is not None:
         step = target_runnable.one_token_seconds()
@@ -106,6 +110,8 @@ def build_drafter(
         drafter = _model_drafter(
             spec, (target, target_runnable), model, runtime, step, model_tuning
         )
+        if translation is not None:
+            drafter = TranslatedDrafter(drafter, translation)
     if options.kind == "hybrid":
         return HybridDrafter(drafter, LookupDrafter(options.max_ngram), min_match=options.min_match)
     return drafter

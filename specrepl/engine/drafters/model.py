@@ -126,6 +126,9 @@ class ModelDrafter(Drafter):
         self.context = runtime.context
         self.keep_between_prompts = keep_between_prompts
         self.view = DraftView()
+        self.allowed: torch.Tensor | None = None
+        """Where set, the only ids a draft may hold (a drafter with another
+        tokenizer samples among the tokens both vocabularies share)."""
 
     @property
     def model(self) -> Any:
@@ -320,7 +323,7 @@ class ModelDrafter(Drafter):
         laws: list[torch.Tensor] = []
         for index in range(k):
             logits = self.runtime.last_logits(self.vocab_size, sequence.device)
-            token = next_draft(logits, processor, generator, min_confidence, laws)
+            token = self._next(logits, processor, generator, min_confidence, laws)
             if token is None:
                 break
             tokens.append(token)
@@ -334,6 +337,24 @@ class ModelDrafter(Drafter):
             import_seconds=import_seconds,
             imported_tokens=imported,
         )
+
+    def _next(
+        self,
+        logits: torch.Tensor,
+        processor: LogitsProcessor,
+        generator: torch.Generator | None,
+        min_confidence: float,
+        laws: list[torch.Tensor],
+    ) -> torch.Tensor | None:
+        """The next draft from `logits` (`next_draft`), among `allowed` where set."""
+        if self.allowed is None:
+            return next_draft(logits, processor, generator, min_confidence, laws)
+        allowed = self.allowed.to(logits.device)
+        allowed = allowed[allowed < logits.shape[-1]]
+        return next_draft(
+            logits[allowed], processor, generator, min_confidence, laws,
+            token_ids=allowed, vocab_size=int(logits.shape[-1]),
+        )  # fmt: skip
 
     def update(
         self,
