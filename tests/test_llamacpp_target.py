@@ -466,10 +466,11 @@ def test_the_warm_up_makes_a_llamacpp_context_for_both_target_runs(embedded_pair
     assert len(target._free) >= 2  # the speculative run's and the target alone's
 
 
-def windowed_copy(tiny, window: int):
+def windowed_copy(tiny, window: int, slack: int | None = None):
     """A copy of the tiny target (its own file) taking the target's keys and
-    values, with `window` held positions, and a target runtime holding 120
-    positions of a random sequence of 121 tokens."""
+    values, with `window` held positions (taken again `slack` positions
+    later; default: the window), and a target runtime holding 120 positions
+    of a random sequence of 121 tokens."""
     from specrepl.engine.drafters.llamacpp import llamacpp_drafter
     from specrepl.engine.drafters.llamacpp_state import probe_state_importer
 
@@ -477,6 +478,7 @@ def windowed_copy(tiny, window: int):
     importer, reason = probe_state_importer(llama.path, llama, context_length=256, threads=1)
     assert importer is not None, reason
     importer.held_window = window
+    importer.held_slack = window if slack is None else slack
     drafter = llamacpp_drafter(importer.llama, importer=importer, held_window=window)
     ids = torch.randint(4, VOCAB, (121,), generator=torch.Generator().manual_seed(5))
     runtime = llama.open()
@@ -545,6 +547,39 @@ def test_a_windowed_copy_appends_after_its_window_and_windows_again_past_twice_i
     drafter.update(longer, 191, target_cache=runtime)
     drafter.propose(longer, 1, GreedyProcessor(), None)
     assert drafter.view.spans == [(0, SINK_TOKENS), (150, 191)]
+
+
+def test_a_windowed_copy_takes_its_window_again_past_its_slack(tiny) -> None:
+    """With a slack shorter than the window, the copy takes the start and the
+    last window again as soon as it would hold the window and the slack."""
+    from specrepl.engine.drafters.draft_view import SINK_TOKENS
+
+    drafter, ids, runtime = windowed_copy(tiny, 40, slack=10)
+    drafter.propose(ids, 1, GreedyProcessor(), None)
+    assert drafter.view.spans == [(0, SINK_TOKENS), (80, 121)]
+    more = torch.cat(
+        [ids, torch.randint(4, VOCAB, (8,), generator=torch.Generator().manual_seed(6))]
+    )
+    runtime.score(more[:128], 1, VOCAB)
+    drafter.update(more, 129, target_cache=runtime)
+    drafter.propose(more, 1, GreedyProcessor(), None)
+    assert drafter.view.spans == [(0, SINK_TOKENS), (80, 129)]  # 49 held: within the slack
+    longer = torch.cat(
+        [more, torch.randint(4, VOCAB, (6,), generator=torch.Generator().manual_seed(7))]
+    )
+    runtime.score(longer[:134], 1, VOCAB)
+    drafter.update(longer, 135, target_cache=runtime)
+    drafter.propose(longer, 1, GreedyProcessor(), None)
+    assert drafter.view.spans == [(0, SINK_TOKENS), (94, 135)]  # 55 > 40 + 10: the window again
+
+
+def test_the_slack_is_where_taking_the_window_again_costs_least() -> None:
+    from specrepl.engine.drafters.llamacpp_state import MIN_HELD_SLACK, held_slack
+
+    # taking a window costs 0.13 s, each position beyond it 8 us a draft: sqrt(2 * 0.13 / 8e-6)
+    assert held_slack(0.13, 8e-6) == 180
+    assert held_slack(0.13, 0.0) == MIN_HELD_SLACK
+    assert held_slack(1e-6, 1e-3) == MIN_HELD_SLACK
 
 
 @pytest.mark.parametrize("window", [8, 32])

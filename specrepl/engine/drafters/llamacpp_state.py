@@ -25,6 +25,7 @@ This module knows nothing about drafting policies, torch targets or settings.
 
 from __future__ import annotations
 
+import math
 import time
 from pathlib import Path
 from typing import Any, Protocol
@@ -53,6 +54,10 @@ heads and float32 keys and values), while the rest is its cheap 4-bit pass."""
 
 MIN_HELD_WINDOW = 256
 """The fewest positions a windowed copy holds (besides the chat's start)."""
+
+MIN_HELD_SLACK = 32
+"""The fewest positions a windowed copy takes beyond its window before it
+takes its window again (`held_slack`)."""
 
 
 class SequenceStates(Protocol):
@@ -85,6 +90,9 @@ class StateImporter:
         self.seconds_per_position = seconds_per_position
         self.held_window: int | None = None
         """Positions a windowed copy holds (`measure_held_window`; None: all)."""
+        self.held_slack: int | None = None
+        """Positions a windowed copy may hold beyond `held_window` before it
+        takes its window again (`measure_held_window`)."""
         self.append_seconds = 0.0
         self._library = import_llamacpp()
         self._memory = self._library.llama_get_memory(llama.ctx)
@@ -175,9 +183,12 @@ class StateImporter:
         if per_position <= 0 or rest <= 0:
             return "holds the whole chat (its attention cost too little to time)"
         self.held_window = max(MIN_HELD_WINDOW, int(ATTENTION_SHARE * rest / per_position))
+        self.held_slack = held_slack(self.estimate(self.held_window), per_position)
+        self.held_slack = min(self.held_slack, self.held_window)
         return (
-            f"holds the chat's start and its last {self.held_window} positions at most"
-            f" (a step: {rest * 1e3:.1f} ms + {per_position * 1e6:.1f} us a held position)"
+            f"holds the chat's start and its last {self.held_window} positions, and takes"
+            f" them again {self.held_slack} positions later (a step: {rest * 1e3:.1f} ms"
+            f" + {per_position * 1e6:.1f} us a held position)"
         )
 
     def _step_seconds(self, token: int, repeats: int = 7) -> float:
@@ -208,6 +219,19 @@ class StateImporter:
             if sequence == 0:
                 self.llama.n_tokens = 0
             raise RuntimeError(f"llama.cpp took {read} of {size} bytes of keys and values")
+
+
+def held_slack(window_seconds: float, seconds_per_held: float) -> int:
+    """How far past its window a copy drafts before taking the window again:
+    taking it costs `window_seconds` (the window's positions written), and
+    each position held beyond the window adds `seconds_per_held` to every
+    draft. About one draft is made per position the chat advances, so over a
+    slack of s positions the extra attention costs seconds_per_held * s^2 / 2;
+    with the taking spread over them, the cost per position is least at
+    s = sqrt(2 * window_seconds / seconds_per_held)."""
+    if seconds_per_held <= 0:
+        return MIN_HELD_SLACK
+    return max(MIN_HELD_SLACK, int(math.sqrt(2 * window_seconds / seconds_per_held)))
 
 
 def _held_window(importer: StateImporter, runtime: SequenceStates, tokens: list[int]) -> str:

@@ -81,10 +81,12 @@ class ModelDrafter(Drafter):
     chat's new turn), else the whole sequence. It then reads only the last
     token. The read window does not apply; `held_window` (default: the
     importer's own, for one that `moves` positions) bounds instead what the
-    copy holds: a handover that would leave it holding more than twice that
-    keeps the first `SINK_TOKENS` and takes the last `held_window` positions
-    after them, so that attention over a long chat does not make every draft
-    dear. The first step of a generation is the target's own prompt pass, so
+    copy holds: a handover that would leave it holding more than that and the
+    importer's `held_slack` (measured: where taking the window again costs
+    least against the attention over what it holds beyond; default: the
+    window) keeps the first `SINK_TOKENS` and takes the last `held_window`
+    positions after them, so that attention over a long chat does not make
+    every draft dear. The first step of a generation is the target's own prompt pass, so
     a copy has the target's keys and values before it drafts.
     """
 
@@ -120,6 +122,8 @@ class ModelDrafter(Drafter):
         elif held_window is None:
             held_window = getattr(importer, "held_window", None)  # measured at its probe
         self.held_window = held_window
+        slack = getattr(importer, "held_slack", None) if held_window is not None else None
+        self.held_slack = held_window if slack is None else slack
         self.name = name
         self.width = runtime.width
         self.vocab_size = self.width
@@ -204,8 +208,9 @@ class ModelDrafter(Drafter):
         less than the read. Where the importer appends and the drafter holds a prefix of
         `ids` (or, with `held_window`, any view), only what follows it is
         written. With `held_window`, a handover that would leave the copy
-        holding more than twice the window keeps the sequence's first
-        `SINK_TOKENS` and takes its last `held_window` positions after them."""
+        holding more than the window and its `held_slack` keeps the
+        sequence's first `SINK_TOKENS` and takes its last `held_window`
+        positions after them."""
         if self.importer is None or self._target_cache is None:
             return NO_HANDOVER
         count = min(self.importer.available(self._target_cache), len(ids) - 1)
@@ -215,7 +220,7 @@ class ModelDrafter(Drafter):
             return NO_HANDOVER
         if self.held_window is not None:
             held = len(self.view.tokens)
-            if held + unseen > SINK_TOKENS + 2 * self.held_window:
+            if held + unseen > SINK_TOKENS + self.held_window + (self.held_slack or 0):
                 return self._windowed(count, unseen)
             start, keep = covered, held
         else:
