@@ -2,7 +2,9 @@
 
 `HfPeer` is transformers `generate()`: plain, compiled (a static cache and
 torch.compile), with `assistant_model` (its default settings, and with the
-number of drafts matched to gamma) and with `prompt_lookup_num_tokens`.
+number of drafts matched to gamma; a drafter with a tokenizer of its own is
+given with both tokenizers, transformers' universal assisted generation) and
+with `prompt_lookup_num_tokens`.
 `LlamaCppPeer` is llama.cpp on the target's GGUF file, plain and with its
 prompt lookup (the binding in `llamacpp.py`). Every peer gets specrepl's end
 tokens, token budget and decoding rule, and is timed with `timed`, the clock
@@ -216,6 +218,9 @@ class HfPeer:
         with self._assistant_config(**changes) if assisted else contextlib.nullcontext() as helper:
             if helper is not None:
                 options["assistant_model"] = helper
+                if self.pair.drafter_tokenizer is not None:
+                    options["tokenizer"] = self.pair.tokenizer
+                    options["assistant_tokenizer"] = self.pair.drafter_tokenizer
             torch.manual_seed(seed)
             output, seconds = timed(
                 self.pair.device,
