@@ -29,9 +29,11 @@ from pathlib import Path
 import torch
 from transformers import PreTrainedModel
 
+from specrepl.engine.forward import model_device
 from specrepl.engine.generation import autoregressive_generate
 from specrepl.engine.llamacpp import LlamaCppUnavailable
 from specrepl.engine.llamacpp_runtime import LlamaCppModel
+from specrepl.engine.placement import placed_map
 from specrepl.engine.runtime import RunnableModel, TorchModel
 from specrepl.engine.runtime_options import TARGET_RUNTIMES
 from specrepl.engine.tuning import Tuning
@@ -156,8 +158,21 @@ def choose_target_runtime(
     in_torch = TorchModel(model, tuning)
     if requested == "torch":
         return TargetChoice(in_torch, "asked for")
+    placed = placed_map(model)
+    if placed is not None:  # llama.cpp would read the whole file into memory
+        where = ", ".join(sorted(set(placed.values())))
+        if requested == "llamacpp":
+            raise LlamaCppUnavailable(
+                f"the target is placed by its device map (parts on {where}), and llama.cpp "
+                "loads the whole file: set target_runtime torch, or give the target no device map"
+            )
+        return TargetChoice(
+            in_torch,
+            f"its device map places it over {where}: torch with accelerate runs it so; "
+            "llama.cpp would load the whole file",
+        )
     threads = threads or torch.get_num_threads()
-    device = next(model.parameters()).device
+    device = model_device(model)
     if requested == "auto" and device.type != "cpu":
         return TargetChoice(in_torch, f"the target runs on {device.type}; llama.cpp on the CPU")
     if requested == "auto" and features:
