@@ -10,14 +10,19 @@ megabytes does to the embedded model.
 from __future__ import annotations
 
 import argparse
+import io
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from rich.console import Console
 
+from specrepl.app.render.models import models_table
 from specrepl.chat.config import ConfigError, load_config
 from specrepl.chat.flags import add_model_options, app_config
+from specrepl.chat.session import ChatSession
+from specrepl.chat.settings import Settings
 from specrepl.engine.drafters.model import ModelDrafter
 from specrepl.engine.generation import autoregressive_generate, speculative_generate
 from specrepl.engine.llamacpp import LlamaCppUnavailable
@@ -55,6 +60,15 @@ def resident(saved: dict[str, Path]) -> Any:
 
 def _greedy(model: Any, prompt: list[int]) -> list[int]:
     return autoregressive_generate(prompt, model, max_gen_len=40).token_ids
+
+
+def test_the_models_table_says_where_each_part_lives(saved: dict[str, Path]) -> None:
+    pair = load_pair(ModelSpec(str(saved["target"]), max_memory=DISK_CAP), str(saved["drafter"]))
+    console = Console(file=io.StringIO(), width=200, record=True)
+    console.print(models_table(pair))
+    shown = console.export_text()
+    assert "target placed: model.embed_tokens" in shown and "disk" in shown
+    assert "drafter placed" not in shown
 
 
 def test_a_target_capped_to_disk_decodes_as_the_resident_one(
@@ -114,6 +128,26 @@ def test_a_copy_of_an_offloaded_target_takes_its_keys_and_values(
         result = speculative_generate(prompt, drafter, pair.target.model, gamma=4, max_gen_len=40)
         assert result.token_ids == _greedy(resident.target.model, prompt)
         assert result.imported_tokens > 0
+
+
+def test_a_chat_over_an_offloaded_target_answers_as_over_the_resident_one(
+    saved: dict[str, Path], resident: Any
+) -> None:
+    """The REPL's session, warm-up included, over two turns that keep the caches."""
+    placed = load_pair(ModelSpec(str(saved["target"]), max_memory=DISK_CAP), str(saved["drafter"]))
+    answers: dict[str, list[list[int]]] = {}
+    for name, pair in (("resident", resident), ("offloaded", placed)):
+        session = ChatSession(pair, Settings(max_new_tokens=12, drafter_kind="model"))
+        session.warm_up()
+        answers[name] = []
+        for prompt in ("w7 w8 w9", "w10 w11 w12 w13"):
+            answer = session.answer(prompt)
+            speculative = answer.runs["speculative"].result.token_ids
+            assert speculative == answer.runs["target"].result.token_ids
+            answers[name].append(speculative)
+        if name == "offloaded":
+            assert "device map" in (session.target.summary(session.settings) or "")
+    assert answers["offloaded"] == answers["resident"]
 
 
 def test_an_offloaded_target_is_not_tuned_and_runs_in_torch(saved: dict[str, Path]) -> None:

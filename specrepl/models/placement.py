@@ -54,10 +54,6 @@ class Plan:
     device_map: dict[str, str]
     offload_folder: str | None
 
-    @property
-    def offloads_to_disk(self) -> bool:
-        return "disk" in self.device_map.values()
-
 
 def plan_placement(
     spec: ModelSpec,

@@ -90,4 +90,17 @@ def models_table(
         f"context {pair.context_length} · end tokens {pair.eos_token_ids}",
         style="dim",
     )
-    return Group(table, footer)
+    return Group(table, *_placements(roles), footer)
+
+
+def _placements(roles: list[tuple[str, LoadedModel | None]]) -> list[Text]:
+    """A line for each model split or offloaded: where each part lives."""
+    lines = []
+    for role, model in roles:
+        if model is not None and model.offloaded:
+            lines.append(
+                Text(f"{role} placed: {model.describe_placement()}", style="dim").append(
+                    " (accelerate brings offloaded weights in for each pass; not tuned)"
+                )
+            )
+    return lines
