@@ -20,6 +20,7 @@ from rich.console import Console
 
 from specrepl.app.render.models import models_table
 from specrepl.chat.config import ConfigError, load_config
+from specrepl.chat.draft_choice import choice_key
 from specrepl.chat.flags import add_model_options, app_config
 from specrepl.chat.session import ChatSession
 from specrepl.chat.settings import Settings
@@ -148,6 +149,14 @@ def test_a_chat_over_an_offloaded_target_answers_as_over_the_resident_one(
         if name == "offloaded":
             assert "device map" in (session.target.summary(session.settings) or "")
     assert answers["offloaded"] == answers["resident"]
+
+
+def test_a_draft_source_chosen_for_the_resident_target_is_not_taken_for_an_offloaded_one(
+    saved: dict[str, Path], resident: Any, tmp_path: Path
+) -> None:
+    placed = load_pair(ModelSpec(str(saved["target"]), max_memory=DISK_CAP), str(saved["drafter"]))
+    keys = {choice_key(pair, Settings(), tmp_path, "torch") for pair in (resident, placed)}
+    assert len(keys) == 2
 
 
 def test_an_offloaded_target_is_not_tuned_and_runs_in_torch(saved: dict[str, Path]) -> None:
