@@ -69,6 +69,13 @@ def models_table(
             format_bytes(model.memory_bytes),
             f"{model.load_seconds:.1f} s{cached}",
         )
+        if model.offloaded:  # split or offloaded: where each part lives
+            table.add_row(
+                "",
+                Text(f"placed: {model.describe_placement()}", style="dim").append(
+                    " (accelerate brings offloaded weights in for each pass; not tuned)"
+                ),
+            )
     if head is not None:
         agreement = " ".join(f"{a:.2f}" for a in head.get("held_back_agreement", []))
         chosen = f"; {head['chosen']}" if head.get("chosen") else ""
@@ -90,17 +97,4 @@ def models_table(
         f"context {pair.context_length} · end tokens {pair.eos_token_ids}",
         style="dim",
     )
-    return Group(table, *_placements(roles), footer)
-
-
-def _placements(roles: list[tuple[str, LoadedModel | None]]) -> list[Text]:
-    """A line for each model split or offloaded: where each part lives."""
-    lines = []
-    for role, model in roles:
-        if model is not None and model.offloaded:
-            lines.append(
-                Text(f"{role} placed: {model.describe_placement()}", style="dim").append(
-                    " (accelerate brings offloaded weights in for each pass; not tuned)"
-                )
-            )
-    return lines
+    return Group(table, footer)
