@@ -25,6 +25,7 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -112,8 +113,10 @@ def main() -> None:
             ModelSpec("embedded", max_memory=args.cap, offload_folder=folder), drafter
         ),
     }
+    print("loaded", file=sys.stderr, flush=True)
     for pair in pairs.values():  # the session's tuning: the resident target's width plan
         tune_pair_widths(pair, args.max_gamma, store=width_plans_file())
+    print("tuned", file=sys.stderr, flush=True)
     report: dict[str, Any] = {
         "cap": args.cap,
         "tokens": args.tokens,
@@ -130,6 +133,7 @@ def main() -> None:
             started = time.perf_counter()
             row[name] = _runs(pair, ids, args.tokens, args.max_gamma)
             row[name]["wall_seconds"] = time.perf_counter() - started
+            print(name, row[name]["wall_seconds"], file=sys.stderr, flush=True)
         # other processes' CPU seconds per wall second while this prompt ran (2 cores)
         row["others_cpu_share"] = (_cpu_seconds_of_others() - others) / (
             time.perf_counter() - started_all
