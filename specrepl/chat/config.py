@@ -33,6 +33,7 @@ from specrepl.chat.settings import (
     shown,
 )
 from specrepl.engine.drafters.options import DrafterOptions
+from specrepl.models.placing import parse_device_map, parse_max_memory
 from specrepl.models.specs import DTYPE_NAMES, QUANTIZE_NAMES, ModelSpec
 
 if sys.version_info >= (3, 11):
@@ -45,7 +46,7 @@ __all__ = ["AppConfig", "ConfigError", "load_config"]
 DEVICE_PATTERN = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
 
 _TOP_KEYS = ("device", "trust_remote_code", "target", "drafter", "generation")
-_MODEL_KEYS = ("source", "dtype", "quantize")
+_MODEL_KEYS = ("source", "dtype", "quantize", "device_map", "max_memory", "offload_folder")
 # [drafter] names the drafter's options as /drafter_kind does (DRAFTER_SETTINGS)
 _DRAFTER_KEYS = tuple(dict.fromkeys(("kind", *_MODEL_KEYS, *DRAFTER_SETTINGS)))
 _OLD_DRAFTER_KEYS = tuple(key for names in SETTING_NAMES.values() for key in names.old_drafter_keys)
@@ -231,7 +232,28 @@ class _Reader:
             raise self.error(
                 f"{section}.source", "a path this machine can resolve", source
             ) from None
-        return ModelSpec(source=location, dtype=dtype, quantize=quantize)
+        placing = self.placing(table, section)
+        try:
+            return ModelSpec(source=location, dtype=dtype, quantize=quantize, **placing)
+        except ValueError as error:  # quantized and placed at once
+            raise ConfigError(f"{self.path}: [{section}]: {error}") from None
+
+    def placing(self, table: Mapping[str, Any], section: str) -> dict[str, Any]:
+        """The model's device map, memory caps and offload folder, each checked
+        (`models.placing`); a relative folder is relative to the config file."""
+        placing: dict[str, Any] = {}
+        for key, parse in (("device_map", parse_device_map), ("max_memory", parse_max_memory)):
+            if key in table:
+                try:
+                    placing[key] = parse(table[key])
+                except ValueError as error:
+                    raise ConfigError(f"{self.path}: {section}.{key}: {error}") from None
+        if "offload_folder" in table:
+            folder = self.string(table, "offload_folder", f"{section}.offload_folder", "")
+            if not folder.strip():
+                raise self.error(f"{section}.offload_folder", "a non-empty path", folder)
+            placing["offload_folder"] = self.source_path(folder.strip())
+        return placing
 
     def source_path(self, source: str) -> str:
         """Explicitly relative paths ("./x", "../x") are relative to the config file."""

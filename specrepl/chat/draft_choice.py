@@ -127,9 +127,12 @@ class DraftChoice:
 def choice_key(pair: ModelPair, settings: Settings, head_path: Path, runtime: str) -> str:
     """What a stored choice must match: both models as loaded, the head's weights,
     what runs the drafter model (`runtime`), the gamma policy and cache, the
-    machine and torch."""
+    machine and torch. A split or offloaded target is another target here: its
+    passes cost far more, which may change which source pays."""
     target, drafter = pair.target, pair.drafter
     models = [f"{target.name} {target.dtype} {target.quantization} {target.device}"]
+    if target.offloaded:
+        models[0] += f" placed: {target.describe_placement()}"
     if drafter is not None:
         models.append(f"{drafter.name} {drafter.dtype} {drafter.quantization}")
     weights = head_path / "head.safetensors"

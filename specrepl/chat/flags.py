@@ -143,6 +143,27 @@ def add_model_options(parser: argparse.ArgumentParser, *, after_subcommand: bool
             default=unset,
             help=f"the {role}'s quantization (bitsandbytes): {quantizations}",
         )
+    for role, prefix in (("target", ""), ("drafter", "drafter-")):
+        group.add_argument(
+            f"--{prefix}device-map",
+            metavar="MAP",
+            default=unset,
+            help=f"where the {role}'s parts go: auto, balanced, sequential, one device, or "
+            "MODULE=DEVICE,... (DEVICE: cpu, cuda:N, mps, disk); default: whole on --device",
+        )
+        group.add_argument(
+            f"--{prefix}max-memory",
+            metavar="CAPS",
+            default=unset,
+            help=f"the {role}'s memory caps, e.g. cpu=200MB or cuda:0=2GiB,cpu=8GiB "
+            "(implies --device-map auto; what does not fit is offloaded)",
+        )
+        group.add_argument(
+            f"--{prefix}offload-folder",
+            metavar="PATH",
+            default=unset,
+            help=f"where the {role}'s weights that fit nowhere are written (disk offload)",
+        )
     group.add_argument(
         "--trust-remote-code",
         action="store_true",
@@ -192,15 +213,31 @@ def add_setting_options(parser: argparse.ArgumentParser, *, after_subcommand: bo
         )
 
 
+_SPEC_FLAGS = ("dtype", "quantize", "device_map", "max_memory", "offload_folder")
+"""The flags that change a model spec's fields (a drafter's with `drafter_` before)."""
+
+
 def _model_spec(
-    spec: ModelSpec | None, source: str | None, dtype: str | None, quantize: str | None
+    spec: ModelSpec | None, source: str | None, given: dict[str, Any], prefix: str
 ) -> ModelSpec | None:
+    """`spec` with the flags' `source` and fields (`_SPEC_FLAGS`) given; ValueError
+    naming the flag whose value is refused."""
     if source is not None:
         spec = ModelSpec(source) if spec is None else replace(spec, source=source)
     if spec is None:
         return None
-    changes = {key: value for key, value in (("dtype", dtype), ("quantize", quantize)) if value}
-    return replace(spec, **changes) if changes else spec
+    for key, value in given.items():
+        if value is None:
+            continue
+        try:
+            spec = replace(spec, **{key: value})
+        except ValueError as error:
+            raise ValueError(f"--{prefix}{key.replace('_', '-')}: {error}") from None
+    return spec
+
+
+def _spec_flags(args: argparse.Namespace, prefix: str) -> dict[str, Any]:
+    return {key: getattr(args, prefix.replace("-", "_") + key, None) for key in _SPEC_FLAGS}
 
 
 def _setting_changes(flag: SettingNames, value: Any) -> dict[str, Any]:
@@ -225,14 +262,14 @@ def app_config(args: argparse.Namespace) -> AppConfig:
         return getattr(args, name, None)
 
     config = load_config(given("config") or default_config_path())
-    target = _model_spec(config.target, given("target"), given("dtype"), given("quantize"))
+    target = _model_spec(config.target, given("target"), _spec_flags(args, ""), "")
     assert target is not None
     drafter_source = given("drafter")
     if drafter_source is not None and drafter_source.lower() == NO_DRAFTER:
         drafter = None
     else:
         drafter = _model_spec(
-            config.drafter, drafter_source, given("drafter_dtype"), given("drafter_quantize")
+            config.drafter, drafter_source, _spec_flags(args, "drafter-"), "drafter-"
         )
     settings = config.settings
     for flag in SETTING_FLAGS:  # in this order: `--gamma 6 --gamma-policy auto` is auto ≤ 6

@@ -93,6 +93,7 @@ class ChatTarget:
         if (
             requested != "torch"
             and target.gguf is not None
+            and not target.offloaded  # runs in torch only: no float32 file written for nothing
             and not (features and requested == "auto")
         ):
             try:

@@ -14,6 +14,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from specrepl.engine.kv_cache import cached_length, rollback_to
+from specrepl.engine.placement import input_device
 from specrepl.engine.tuning import Tuning
 
 
@@ -40,7 +41,9 @@ def context_length(model: PreTrainedModel) -> int | None:
 
 
 def model_device(model: PreTrainedModel) -> torch.device:
-    return next(model.parameters()).device
+    """Where the model's input ids go (`placement.input_device`: the input
+    embeddings' device, also for a model split over devices or offloaded)."""
+    return input_device(model)
 
 
 def forward_logits(
@@ -102,7 +105,7 @@ def forward_pass(
         fed = torch.cat((fed, fed[-1:].expand(pad)))
     with tuning.running(model):
         output = model(
-            input_ids=fed.unsqueeze(0),
+            input_ids=fed.unsqueeze(0).to(input_device(model)),
             past_key_values=cache,
             use_cache=cache is not None,
             logits_to_keep=keep + pad,
@@ -111,10 +114,12 @@ def forward_pass(
     if pad:
         rollback_to(cache, length)
     logits = output.logits[0, -(keep + pad) : output.logits.shape[1] - pad, :vocab_size]
+    # read where the sequence is: a split model's logits land where its last layer ran
+    logits = logits.to(sequence.device)
     if not features:
         return logits, None
     hidden = selected_features(output.hidden_states, feature_layers)[0]
-    return logits, hidden[: hidden.shape[0] - pad]
+    return logits, hidden[: hidden.shape[0] - pad].to(sequence.device)
 
 
 def selected_features(

@@ -112,7 +112,7 @@ def _run_loop(
     limit = max_gen_len if context is None else min(max_gen_len, context - len(inputs))
     limit_reason: StopReason = "length" if limit == max_gen_len else "context"
 
-    clock = Clock(runnable.device)
+    clock = Clock(runnable.devices)
     clock.resume()
     sequence = torch.tensor(inputs, dtype=torch.long, device=runnable.device)
     try:

@@ -36,6 +36,7 @@ from transformers import DynamicCache, PreTrainedModel
 
 from specrepl.engine.forward import context_length, forward_pass, logits_width, model_device
 from specrepl.engine.kv_cache import cached_length, new_cache, rollback_to
+from specrepl.engine.placement import run_devices
 from specrepl.engine.tuning import Tuning
 
 __all__ = ["FeaturesUnavailable", "ModelRuntime", "RunnableModel", "TorchModel", "TorchRuntime"]
@@ -93,6 +94,7 @@ class RunnableModel(ABC):
     """A model the loop can run: what a runtime is opened from."""
 
     device: torch.device
+    """Where its input ids go (and where the loop keeps the sequence)."""
     width: int
     """Logits per position (a padded vocabulary counts its padding)."""
     context: int | None
@@ -103,6 +105,11 @@ class RunnableModel(ABC):
     """Whether its runtimes' `score(..., features=True)` return the model's hidden states."""
     gives_key_values: bool = False
     """Whether its runtimes' `key_values()` hand a `DynamicCache` to a torch copy that takes one."""
+
+    @property
+    def devices(self) -> tuple[torch.device, ...]:
+        """Every device its passes run on (a clock synchronizes them all)."""
+        return (self.device,)
 
     def one_token_seconds(self) -> float | None:
         """Measured seconds of a one-token pass (None: not timed)."""
@@ -128,8 +135,13 @@ class TorchModel(RunnableModel):
         self.model = model
         self.tuning = Tuning() if tuning is None else tuning
         self.device = model_device(model)
+        self._devices = run_devices(model)
         self.width = logits_width(model)
         self.context = context_length(model)
+
+    @property
+    def devices(self) -> tuple[torch.device, ...]:
+        return self._devices
 
     def one_token_seconds(self) -> float | None:
         return self.tuning.one_token_step

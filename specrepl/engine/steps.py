@@ -15,7 +15,7 @@ This module never prints and knows nothing about tokenizers or chat templates.
 from __future__ import annotations
 
 import time
-from collections.abc import Generator
+from collections.abc import Generator, Sequence
 from dataclasses import dataclass, replace
 
 import torch
@@ -33,15 +33,17 @@ __all__ = ["Clock", "decode_steps"]
 
 class Clock:
     """Wall time spent inside the generator, excluding the consumer's time
-    between steps; synchronizes the device before every reading."""
+    between steps; synchronizes the devices that ran (every device of a model
+    split over several) before every reading."""
 
-    def __init__(self, device: torch.device) -> None:
-        self.device = device
+    def __init__(self, devices: torch.device | Sequence[torch.device]) -> None:
+        self.devices = (devices,) if isinstance(devices, torch.device) else tuple(devices)
         self.active = 0.0
         self.resumed = 0.0
 
     def now(self) -> float:
-        synchronize(self.device)
+        for device in self.devices:
+            synchronize(device)
         return time.perf_counter()
 
     def resume(self) -> float:

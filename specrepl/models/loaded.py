@@ -18,7 +18,8 @@ import torch
 from transformers import PreTrainedModel
 
 from specrepl.engine.devices import release_memory
-from specrepl.engine.forward import logits_width
+from specrepl.engine.forward import logits_width, model_device
+from specrepl.engine.placement import describe_placement, placed_map
 from specrepl.engine.tuning import Tuning
 from specrepl.models.devices import dtype_name
 from specrepl.models.errors import ModelLoadError
@@ -72,6 +73,10 @@ class LoadedModel:
     """How many times the model was loaded again after a `release`."""
     tuning: Tuning = field(default_factory=Tuning)
     """How specrepl's forward passes run the model (see above)."""
+    placement: dict[str, str] | None = None
+    """Where transformers placed its parts (module to `cpu`, `disk`, `cuda:N`)
+    when it is split or offloaded (`engine.placement.placed_map`); None: whole
+    on `device`. Such a model is never tuned: its passes are stock."""
     _dropped: weakref.ref[PreTrainedModel] | None = field(default=None, init=False, repr=False)
 
     @classmethod
@@ -94,7 +99,7 @@ class LoadedModel:
             name=name,
             kind=kind,
             dtype=model.dtype,
-            device=model.device,
+            device=model_device(model),
             quantization=quantization_of(model),
             parameters=model.num_parameters(),
             memory_bytes=model.get_memory_footprint(),
@@ -102,7 +107,13 @@ class LoadedModel:
             from_cache=from_cache,
             gguf=gguf,
             reload=reload,
+            placement=placed_map(model),
         )
+
+    @property
+    def offloaded(self) -> bool:
+        """Whether its parts are split over devices or offloaded (see `placement`)."""
+        return self.placement is not None
 
     @property
     def model(self) -> PreTrainedModel:
@@ -165,6 +176,7 @@ class LoadedModel:
             "from_cache": self.from_cache,
             "gguf": None if self.gguf is None else str(self.gguf),
             "attention": self.tuning.attention or self.model.config._attn_implementation,
+            "placement": self.placement,
         }
 
     def describe(self) -> str:
@@ -172,10 +184,18 @@ class LoadedModel:
         dtype = dtype_name(self.dtype)
         quantization = f" {self.quantization}" if self.quantization else ""
         cached = ", cached copy" if self.from_cache else ""
+        placed = "" if self.placement is None else f"; placed: {self.describe_placement()}"
         return (
             f"{self.name} [{self.kind}{cached}] {dtype}{quantization}, "
-            f"{_count(self.parameters)} params, {_bytes(self.memory_bytes)}"
+            f"{_count(self.parameters)} params, {_bytes(self.memory_bytes)}{placed}"
         )
+
+    def describe_placement(self) -> str:
+        """Where its parts live, in a few words (`whole on cpu` for a model
+        that is not placed)."""
+        if self.placement is None:
+            return f"whole on {self.device}"
+        return describe_placement(self.placement)
 
 
 def _count(n: int) -> str:

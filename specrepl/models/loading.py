@@ -4,7 +4,9 @@ A model source (`sources.py`) is "embedded" (`embedded.py`), a path to a
 `.gguf` file, a local model directory or a Hugging Face hub id. GGUF files go
 through their converted copy (`gguf.py`); every model gets its own dtype
 (`devices.py`) and optional bitsandbytes quantization (`quantization.py`),
-lands on one device in eval mode, and the pair is refused before any
+lands on one device in eval mode (or, given a device map, memory caps or an
+offload folder, where transformers and accelerate place it, by a plan
+checked before loading: `placement.py`), and the pair is refused before any
 generation unless both models read one vocabulary (`pair.py`). Each loaded
 model comes with its `Tuning` (`loaded.py`).
 
@@ -43,9 +45,11 @@ from specrepl.models.embedded import EMBEDDED
 from specrepl.models.errors import ModelLoadError, first_line
 from specrepl.models.loaded import LoadedModel
 from specrepl.models.pair import ModelPair
+from specrepl.models.placement import plan_placement
 from specrepl.models.quantization import quantization_options
 from specrepl.models.sources import Source, classify, has_tokenizer_files, hub_reachable
 from specrepl.models.specs import ModelSpec
+from specrepl.store.paths import offload_dir
 
 __all__ = ["Progress", "load_pair"]
 
@@ -187,7 +191,7 @@ class _Loader:
             AutoModelForCausalLM.from_pretrained,
             files,
             offline,
-            **self._model_options(spec, dtype),
+            **self._model_options(spec, role, files, offline, dtype),
         )
 
     def _tokenizer_and_model(
@@ -232,11 +236,31 @@ class _Loader:
             return None
         return self._call(spec, source, role, AutoTokenizer.from_pretrained, files, offline)
 
-    def _model_options(self, spec: ModelSpec, dtype: torch.dtype) -> dict[str, Any]:
+    def _model_options(
+        self, spec: ModelSpec, role: str, files: str, offline: bool, dtype: torch.dtype
+    ) -> dict[str, Any]:
+        """The whole model on the pair's device, or, for a placed spec, the
+        device map planned and checked before any weight is read
+        (`placement.plan_placement`), which transformers and accelerate follow."""
+        if not spec.placed:
+            return {
+                "dtype": dtype,
+                "device_map": {"": str(self.device)},
+                **quantization_options(spec.quantize, dtype),
+            }
+        plan = plan_placement(
+            spec,
+            role,
+            files,
+            dtype,
+            trust_remote_code=self.trust_remote_code,
+            offline=offline,
+            default_folder=offload_dir() / role,
+        )
         return {
             "dtype": dtype,
-            "device_map": {"": str(self.device)},
-            **quantization_options(spec.quantize, dtype),
+            "device_map": plan.device_map,
+            "offload_folder": plan.offload_folder,
         }
 
     def _call(
@@ -317,7 +341,8 @@ def _chain(exc: BaseException) -> Iterator[BaseException]:
 
 @contextlib.contextmanager
 def _quiet() -> Iterator[None]:
-    """Silence transformers' and huggingface_hub's progress bars, warnings and logs."""
+    """Silence transformers', huggingface_hub's and accelerate's progress bars, warnings
+    and logs."""
     from huggingface_hub import utils as hub_utils
     from transformers.utils import logging as hf_logging
 
@@ -326,14 +351,19 @@ def _quiet() -> Iterator[None]:
     verbosity = hf_logging.get_verbosity()
     hub_logger = logging.getLogger("huggingface_hub")
     hub_level = hub_logger.level
+    # accelerate says which parts it offloaded; the load table says it instead
+    accelerate_logger = logging.getLogger("accelerate")
+    accelerate_level = accelerate_logger.level
     hf_logging.disable_progress_bar()
     hf_logging.set_verbosity_error()
     hub_logger.setLevel(logging.ERROR)
+    accelerate_logger.setLevel(logging.ERROR)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             yield
     finally:
+        accelerate_logger.setLevel(accelerate_level)
         hub_logger.setLevel(hub_level)
         hf_logging.set_verbosity(verbosity)
         if bars_on:

@@ -118,8 +118,10 @@ class ModelPair:
         that is a copy of the target chooses here, on a CPU, the attention it
         drafts with (`tuning.choose_copy_attention`), and each model with grouped
         key/value heads whether it keeps them grouped in passes of several
-        tokens (`tuning.choose_grouped_attention`), both timed."""
-        if drafter is not None and drafter.device != target.device:
+        tokens (`tuning.choose_grouped_attention`), both timed. A model that is
+        split or offloaded (`LoadedModel.offloaded`) is not tuned. The pair's
+        device is where the target's inputs go; a drafter must be there too."""
+        if drafter is not None and not _same_device(drafter.device, target.device):
             raise ValueError(
                 f"the target is on {target.device} and the drafter on {drafter.device}: "
                 "both models must be on one device"
@@ -134,8 +136,9 @@ class ModelPair:
         copy = shared and drafter is not None and is_copy_of(drafter.model, target.model)
         if copy and drafter is not None:
             choose_copy_attention(drafter.model, drafter.tuning, target.dtype)
-        choose_grouped_attention(target.model, target.tuning)
-        if drafter is not None and drafter is not target:
+        if not target.offloaded:
+            choose_grouped_attention(target.model, target.tuning)
+        if drafter is not None and drafter is not target and not drafter.offloaded:
             choose_grouped_attention(drafter.model, drafter.tuning)
         return cls(
             target=target,
@@ -149,6 +152,11 @@ class ModelPair:
             vocabulary=vocabulary,
             drafter_tokenizer=None if shared else drafter_tokenizer,
         )
+
+
+def _same_device(a: torch.device, b: torch.device) -> bool:
+    """`cuda` and `cuda:0` are one device (a placed model names the index)."""
+    return a.type == b.type and (a.index or 0) == (b.index or 0)
 
 
 def find_end_tokens(

@@ -60,7 +60,9 @@ def tune_pair_widths(
     unless `retime`; new ones are added to it unless their repeats were noisy.
     `roles` names the models to time (a session leaves out a drafter whose
     torch model does not run, as when llama.cpp drafts: it is not loaded again
-    for it)."""
+    for it). A model that is split or offloaded (`LoadedModel.offloaded`) is
+    never timed: it runs every pass stock, and the gamma policy prices its
+    steps from what they measure while it decodes."""
     unknown = set(roles) - set(ROLES)
     if unknown:
         raise ValueError(f"roles are {' and '.join(ROLES)}, got {sorted(unknown)}")
@@ -68,6 +70,9 @@ def tune_pair_widths(
     drafter = pair.drafter
     if "drafter" in roles and drafter is not None and drafter.model is not pair.target.model:
         loaded["drafter"] = drafter
+    # a split or offloaded model runs stock: its weights are brought in by
+    # accelerate's hooks for each pass, which the forms and packed copies would not see
+    loaded = {role: model for role, model in loaded.items() if not model.offloaded}
     if not loaded:
         return {}
     max_width = max_gamma + 1

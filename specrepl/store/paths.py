@@ -28,6 +28,7 @@ __all__ = [
     "kept_heads_dir",
     "llamacpp_trials_file",
     "model_copies_dir",
+    "offload_dir",
     "target_runtimes_file",
     "width_plans_file",
 ]
@@ -73,6 +74,12 @@ def float32_copies_dir() -> Path:
     """Float32 GGUF files written from quantized ones, for llama.cpp to run a
     target's exact weights."""
     return cache_root() / "gguf-f32"
+
+
+def offload_dir() -> Path:
+    """Where a placed model's weights that fit nowhere else are written, when
+    its spec names no offload folder (one folder per role under it)."""
+    return cache_root() / "offload"
 
 
 def width_plans_file() -> Path:

@@ -70,6 +70,13 @@ def models_table(
             format_bytes(model.memory_bytes),
             f"{model.load_seconds:.1f} s{cached}",
         )
+        if model.offloaded:  # split or offloaded: where each part lives
+            table.add_row(
+                "",
+                Text(f"placed: {model.describe_placement()}", style="dim").append(
+                    " (accelerate brings offloaded weights in for each pass; not tuned)"
+                ),
+            )
     if head is not None:
         agreement = " ".join(f"{a:.2f}" for a in head.get("held_back_agreement", []))
         chosen = f"; {head['chosen']}" if head.get("chosen") else ""

@@ -22,6 +22,7 @@ from transformers import PreTrainedModel
 
 from specrepl.engine.drafters.draft_head import DraftHead, HeadConfig, check_fused_layers
 from specrepl.engine.drafters.options import names_auto_head
+from specrepl.engine.placement import weights
 from specrepl.store.atomic import write_atomically, write_text_atomically
 from specrepl.store.paths import EMBEDDED_HEADS_DIR, kept_heads_dir
 
@@ -58,7 +59,7 @@ def target_fingerprint(target: PreTrainedModel) -> str:
     for name in ("model_type", "hidden_size", "num_hidden_layers", "vocab_size"):
         digest.update(f"{name}={getattr(config, name, None)};".encode())
     with torch.no_grad():
-        for name, parameter in target.named_parameters():
+        for name, parameter in weights(target):  # an offloaded one brought in module by module
             flat = parameter.detach().reshape(-1)
             step = max(1, flat.numel() // 4096)
             sample = flat[::step][:4096].to(torch.bfloat16).view(torch.int16).cpu()

@@ -45,6 +45,7 @@ import numpy as np
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
+from specrepl.engine.forward import model_device
 from specrepl.engine.kv_cache import cached_length, new_cache
 from specrepl.engine.llamacpp import import_llamacpp, sequences
 
@@ -376,7 +377,7 @@ def _own_reading(
 
 def _target_cache(target: PreTrainedModel, tokens: list[int]) -> DynamicCache:
     """The target's cache after reading `tokens`."""
-    device = next(target.parameters()).device
+    device = model_device(target)
     cache = new_cache(target)
     with torch.no_grad():
         target(torch.tensor([tokens], device=device), past_key_values=cache, use_cache=True)
