@@ -263,7 +263,8 @@ class TranslatedDrafter(Drafter):
     ) -> Draft:
         """A draft among the shared tokens, each mapped to the target's id of
         the same string, with its law carried over column by column."""
-        allowed = None if self.translation.by_ids else self._shared
+        # sampled drafts only among shared tokens, so that the law given is the one drawn from
+        allowed = None if processor.is_greedy else self._shared
         previous = getattr(self.inner, "allowed", None)
         self._set_allowed(allowed)
         try:
@@ -291,13 +292,9 @@ class TranslatedDrafter(Drafter):
 
     def _target_law(self, probs: torch.Tensor) -> torch.Tensor:
         """Laws over the drafter's ids (rows) as laws over the target's."""
-        columns = self._shared if not self.translation.by_ids else None
+        columns = self._shared.to(probs.device)
         source = self.translation.target_of_drafter.to(probs.device)
         law = probs.new_zeros((probs.shape[0], self.vocab_size))
-        if columns is None:
-            columns = torch.nonzero(source >= 0).flatten().to(probs.device)
-        else:
-            columns = columns.to(probs.device)
         targets = source[columns]
         inside = targets < self.vocab_size
         law[:, targets[inside]] = probs[:, columns[inside]]
