@@ -55,6 +55,7 @@ from specrepl.engine.gamma import make_policy
 from specrepl.engine.generation import autoregressive_generate, speculative_generate
 from specrepl.engine.results import GenerationResult
 from specrepl.engine.runtime import TorchModel
+from specrepl.engine.static_runtime import StaticTorchModel
 
 # Llama-3.2-1B and Llama-3.1-8B as their config.json files give them.
 GPU_SHAPES: dict[str, dict[str, int]] = {
@@ -96,7 +97,7 @@ CPU_SHAPES: dict[str, dict[str, int]] = {
 HEAD_SCALE = 8.0
 WIDTHS = range(1, 18)
 GAMMAS = (4, 8, 16)
-PARTS = ("tests", "widths", "alone", "oracle", "drafter", "compiled")
+PARTS = ("tests", "widths", "alone", "oracle", "drafter", "compiled", "static")
 
 
 class OracleDrafter(Drafter):
@@ -431,6 +432,57 @@ def compiled_generate(check: Check, model, prompt: list[int], reference: list[in
     }
 
 
+def static_runtime(
+    check: Check, model, prompt: list[int], reference: list[int], reps: int, buckets: tuple
+) -> dict[str, Any]:
+    """specrepl's static-cache runtime (compiled on a GPU): its warm-up (the
+    compilation of every bucket), the target alone, and the oracle's drafts
+    at each gamma whose verification width is a bucket."""
+    began = time.perf_counter()
+    static = StaticTorchModel(model, buckets=buckets, max_length=1024)
+    timed = static.warm_up()
+    warm_up = time.perf_counter() - began
+    new = len(reference)
+    times, alone = timed_runs(
+        check, lambda: autoregressive_generate(prompt, static, max_gen_len=new), reps
+    )
+    own = alone.token_ids
+    known = torch.tensor(prompt + own, device=check.device)
+    rows = {}
+    for gamma in [bucket - 1 for bucket in static.buckets if bucket > 1]:
+        spec_times, result = timed_runs(
+            check,
+            lambda g=gamma: speculative_generate(
+                prompt, OracleDrafter(known), static, gamma=make_policy("fixed", g), max_gen_len=new
+            ),
+            reps,
+        )
+        rows[str(gamma)] = {
+            **tokens_per_second(spec_times, new),
+            "steps": result.steps,
+            "acceptance": round(result.accepted / max(result.drafted, 1), 3),
+            "same_text_as_static_alone": result.token_ids == own,
+            "agreeing_prefix": agreeing_prefix(result.token_ids, own),
+            "loop_ms_per_step": round(
+                (result.seconds - result.draft_seconds - result.target_seconds)
+                / max(result.steps, 1)
+                * 1000,
+                3,
+            ),
+        }
+    return {
+        "compiled": static.compiled,
+        "buckets": list(static.buckets),
+        "warm_up_seconds": round(warm_up, 1),
+        "ms_by_bucket": {
+            str(bucket): round(seconds * 1000, 3) for bucket, seconds in timed.items()
+        },
+        "target_alone": tokens_per_second(times, new),
+        "agreeing_prefix_with_eager_target": agreeing_prefix(own, reference),
+        "oracle_by_gamma": rows,
+    }
+
+
 def cuda_tests() -> dict[str, Any]:
     root = Path(__file__).resolve().parent.parent
     began = time.perf_counter()
@@ -470,7 +522,13 @@ def main(argv: list[str] | None = None) -> int:
         default=",".join(PARTS),
         help=f"which parts to run, comma-separated among {','.join(PARTS)}",
     )
+    parser.add_argument(
+        "--buckets",
+        default="1,5,9,17",
+        help="the static runtime's compiled widths, comma-separated",
+    )
     arguments = parser.parse_args(argv)
+    buckets = tuple(int(width) for width in arguments.buckets.split(","))
     parts = {part.strip() for part in arguments.parts.split(",") if part.strip()}
     if parts - set(PARTS):
         parser.error(f"unknown parts {sorted(parts - set(PARTS))}; choose among {', '.join(PARTS)}")
@@ -565,6 +623,15 @@ def main(argv: list[str] | None = None) -> int:
             f"static_compiled/{name}",
             lambda m=model, r=reference: compiled_generate(check, m, prompt, r, reps),
             needs=120 if on_gpu else 0,
+        )
+    for name, model in models.items():
+        reference = found.get(f"{name}/reference")
+        if reference is None or "static" not in parts:
+            continue
+        check.part(
+            f"static_runtime/{name}",
+            lambda m=model, r=reference: static_runtime(check, m, prompt, r, reps, buckets),
+            needs=60 if on_gpu else 0,
         )
     if on_gpu:
         check.report["peak_gpu_memory_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 1)

@@ -181,3 +181,26 @@ def test_a_hybrids_head_auto_is_timed_on_the_gpu(
     assert set(choice.seconds) == {"head", "model"} and not choice.stored
     (key,) = json.loads(draft_choices_file().read_text(encoding="utf-8"))
     assert torch.cuda.get_device_name(CUDA) in key
+
+
+def test_the_compiled_static_runtime_gives_the_targets_text_on_the_gpu() -> None:
+    """CUDA graphs over the static cache (`engine/static_runtime.py`): the
+    compiled buckets and the uncompiled passes beside them keep the text."""
+    from specrepl.engine.static_runtime import StaticTorchModel
+
+    compiled = StaticTorchModel(target(), buckets=(1, 5))
+    assert compiled.compiled
+    compiled.warm_up(repeats=1)
+    for prompt in PROMPTS:
+        reference = autoregressive_generate(prompt, target(), max_gen_len=40).token_ids
+        alone = autoregressive_generate(prompt, compiled, max_gen_len=40).token_ids
+        assert alone == reference
+        for kind, gamma in (("lookup", 4), ("model", 4), ("model", 8)):
+            result = speculative_generate(
+                prompt,
+                drafter(kind, True),
+                compiled,
+                gamma=make_policy("fixed", gamma),
+                max_gen_len=40,
+            )
+            assert result.token_ids == reference, (kind, gamma, prompt)

@@ -41,7 +41,7 @@ def test_every_part_runs_on_the_cpu(report: dict, gpu_check) -> None:
     shapes = list(gpu_check.CPU_SHAPES)
     expected = {"cuda_tests", "model_drafter"} | {
         f"{part}/{shape}"
-        for part in ("pass_widths", "target_alone", "oracle", "static_compiled")
+        for part in ("pass_widths", "target_alone", "oracle", "static_compiled", "static_runtime")
         for shape in shapes
     }
     assert set(parts) == expected

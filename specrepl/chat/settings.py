@@ -263,7 +263,8 @@ class Settings:
         "auto",
         Bound(str, choices=TARGET_RUNTIMES),
         "what runs the target (and so the baseline): torch, llamacpp (a GGUF file of its exact"
-        " weights), or auto (the faster, where its greedy text is torch's)",
+        " weights), static (torch over a static cache, compiled on a GPU), or auto (the faster"
+        " of torch and llamacpp, where its greedy text is torch's)",
     )
     processor: str = _setting(
         "greedy", Bound(str, choices=PROCESSOR_NAMES), "how tokens are chosen from the logits"

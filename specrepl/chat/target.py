@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from specrepl.chat.settings import SettingError, Settings
 from specrepl.engine.llamacpp import LlamaCppUnavailable
 from specrepl.engine.runtime import RunnableModel
+from specrepl.engine.static_runtime import StaticRuntimeRefused
 from specrepl.engine.target_choice import TargetChoice, Verdict, choose_target_runtime
 from specrepl.engine.widths import machine_parts
 from specrepl.models.gguf_f32 import float32_gguf
@@ -65,7 +66,7 @@ class ChatTarget:
 
     def choice(self, settings: Settings) -> TargetChoice:
         """What runs the target under `settings`; raises LlamaCppUnavailable when
-        llama.cpp is forced and cannot run it."""
+        llama.cpp is forced and cannot run it, StaticRuntimeRefused likewise."""
         key = _choice_key(settings)
         if key not in self._choices:
             self._choices[key] = self._choose(*key)
@@ -81,6 +82,8 @@ class ChatTarget:
             self.choice(settings)
         except LlamaCppUnavailable as error:
             raise SettingError(f"llama.cpp cannot run the target: {error}") from None
+        except StaticRuntimeRefused as error:
+            raise SettingError(f"the static runtime cannot run the target: {error}") from None
 
     def summary(self, settings: Settings) -> str | None:
         """What runs the target and why, once chosen (None before)."""
@@ -91,7 +94,7 @@ class ChatTarget:
         target = self.pair.target
         gguf = None
         if (
-            requested != "torch"
+            requested not in ("torch", "static")
             and target.gguf is not None
             and not target.offloaded  # runs in torch only: no float32 file written for nothing
             and not (features and requested == "auto")

@@ -8,7 +8,10 @@ the fastest plain runtime, and never at the price of the text:
 torch's (both measured now on this machine, never a constant), and takes
 llama.cpp only when it is faster AND its greedy text equals torch's on the
 calibration prompts it is given. "torch" and "llamacpp" force either ("llamacpp"
-raises `LlamaCppUnavailable` saying why it cannot run). A verdict measured at
+raises `LlamaCppUnavailable` saying why it cannot run). "static" runs it in
+torch over a static cache, compiled on a GPU (`static_runtime`), compiled and
+timed here before the first answer (`StaticRuntimeRefused` saying why where
+it cannot run); "auto" never chooses it yet. A verdict measured at
 an earlier start (`Verdict`, kept by the caller) is taken instead of measuring
 again, so only the first start on a machine pays for the timing and the text
 check.
@@ -36,6 +39,7 @@ from specrepl.engine.llamacpp_runtime import LlamaCppModel
 from specrepl.engine.placement import placed_map
 from specrepl.engine.runtime import RunnableModel, TorchModel
 from specrepl.engine.runtime_options import TARGET_RUNTIMES
+from specrepl.engine.static_runtime import StaticTorchModel
 from specrepl.engine.tuning import Tuning
 from specrepl.engine.widths import measure_widths
 
@@ -58,7 +62,7 @@ class Verdict:
     """What "auto" decided, and why: kept across starts by the caller."""
 
     runtime: str
-    """ "torch" or "llamacpp"."""
+    """ "torch", "llamacpp" or "static"."""
     reason: str
     seconds: dict[str, float] = field(default_factory=dict)
 
@@ -70,12 +74,14 @@ class TargetChoice:
     runnable: RunnableModel
     reason: str
     seconds: dict[str, float] = field(default_factory=dict)
-    """Measured seconds of one decoding step, by runtime ("torch", "llamacpp")."""
+    """Measured seconds of one decoding step, by runtime ("torch", "llamacpp", "static")."""
     earlier: bool = False
     """Taken from a `Verdict` of an earlier start, not measured now."""
 
     @property
     def runtime(self) -> str:
+        if isinstance(self.runnable, StaticTorchModel):
+            return "static"
         return "llamacpp" if isinstance(self.runnable, LlamaCppModel) else "torch"
 
     @property
@@ -87,7 +93,10 @@ class TargetChoice:
         return Verdict(self.runtime, self.reason, dict(self.seconds))
 
     def describe(self) -> str:
-        name = "llama.cpp" if self.runtime == "llamacpp" else "torch"
+        name = {"llamacpp": "llama.cpp", "torch": "torch"}.get(self.runtime)
+        if isinstance(self.runnable, StaticTorchModel):
+            compiled = ", compiled" if self.runnable.compiled else ""
+            name = f"torch, static cache{compiled}"
         file = f" ({self.runnable.path.name})" if isinstance(self.runnable, LlamaCppModel) else ""
         when = " (measured at an earlier start)" if self.earlier else ""
         return f"{name}{file}: {self.reason}{when}"
@@ -157,6 +166,21 @@ def _placed_choice(
     )
 
 
+def _torch_choice(requested: str, in_torch: TorchModel, context_length: int) -> TargetChoice:
+    """Torch as asked: eager, or ("static") over a static cache as long as the
+    session's context, compiled where it is compiled, every width bucket
+    warmed up and timed."""
+    if requested == "torch":
+        return TargetChoice(in_torch, "asked for")
+    static = StaticTorchModel(in_torch.model, max_length=context_length)
+    static.warm_up()
+    seconds = static.one_token_seconds()
+    warmed = f"warmed up in {static.warm_up_seconds:.1f} s"
+    return TargetChoice(
+        static, f"asked for, {warmed}", {} if seconds is None else {"static": seconds}
+    )
+
+
 def choose_target_runtime(
     requested: str,
     model: PreTrainedModel,
@@ -178,8 +202,8 @@ def choose_target_runtime(
     if requested not in TARGET_RUNTIMES:
         raise ValueError(f"runtime must be one of {', '.join(TARGET_RUNTIMES)}, got {requested!r}")
     in_torch = TorchModel(model, tuning)
-    if requested == "torch":
-        return TargetChoice(in_torch, "asked for")
+    if requested in ("torch", "static"):
+        return _torch_choice(requested, in_torch, context_length)
     placed = _placed_choice(requested, model, in_torch)
     if placed is not None:
         return placed
