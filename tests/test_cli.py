@@ -227,6 +227,7 @@ def test_one_shot_json_on_tiny_models(
         "identical": True,
         "first_difference": None,
         "greedy": True,
+        "near_tie": None,
         "verdict": "identical",
     }
     assert payload["speedup"] == pytest.approx(

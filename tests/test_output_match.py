@@ -90,6 +90,7 @@ def test_the_one_shot_json_says_it(pair: ModelPair) -> None:
         "identical": False,
         "first_difference": 1,
         "greedy": True,
+        "near_tie": None,
         "verdict": "DIFFERS at token 1",
     }
     same = cli.one_shot_payload(config, pair, _answer([9, 10], [9, 10], Settings()))

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Union
 
 from specrepl.chat.settings import Settings
-from specrepl.engine.output_match import OutputMatch, compare_outputs
+from specrepl.engine.output_match import OutputMatch, TieCheck, compare_outputs
 from specrepl.engine.results import GenerationResult, StepEvent
 
 __all__ = [
@@ -133,6 +133,8 @@ class Answer:
     runs: dict[GeneratorName, Run] = field(default_factory=dict)
     refusal: str | None = None
     notices: list[str] = field(default_factory=list)
+    tie: TieCheck | None = None
+    """The target asked where a greedy speculative run parted from it (`near_ties`)."""
 
     @property
     def interrupted(self) -> bool:
@@ -169,6 +171,7 @@ class Answer:
             run.result.token_ids,
             baseline.result.token_ids,
             greedy=self.settings.processor == "greedy",
+            tie=self.tie,
         )
 
     def output_match_dict(self) -> dict[str, object] | None:

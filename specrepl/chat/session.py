@@ -267,6 +267,7 @@ class ChatSession:
         if ids is None:
             return answer
         self._run_generators(answer, ids, generators, hint, on_event)
+        answer.tie = self.target.weigh_difference(answer, ids)
         self._remember_turn(answer)
         return answer
 

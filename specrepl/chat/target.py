@@ -24,6 +24,8 @@ from typing import TYPE_CHECKING, Any
 
 from specrepl.chat.settings import SettingError, Settings
 from specrepl.engine.llamacpp import LlamaCppUnavailable
+from specrepl.engine.near_ties import weigh_difference
+from specrepl.engine.output_match import TieCheck
 from specrepl.engine.runtime import RunnableModel
 from specrepl.engine.static_runtime import StaticRuntimeRefused
 from specrepl.engine.target_choice import TargetChoice, Verdict, choose_target_runtime
@@ -34,6 +36,7 @@ from specrepl.store.json_file import read_json_object, write_json_object
 from specrepl.store.paths import fingerprint, target_runtimes_file
 
 if TYPE_CHECKING:
+    from specrepl.chat.answers import Answer
     from specrepl.models.pair import ModelPair
 
 __all__ = ["CALIBRATION_PROMPTS", "MAX_VERDICT_AGE_DAYS", "ChatTarget", "verdict_key"]
@@ -84,6 +87,21 @@ class ChatTarget:
             raise SettingError(f"llama.cpp cannot run the target: {error}") from None
         except StaticRuntimeRefused as error:
             raise SettingError(f"the static runtime cannot run the target: {error}") from None
+
+    def weigh_difference(self, answer: Answer, ids: list[int]) -> TieCheck | None:
+        """Where `answer`'s greedy speculative run parted from the target alone
+        (after the prompt `ids`), the target asked whether that is a near-tie
+        (`engine.near_ties`); None where there is nothing to weigh."""
+        match = answer.output_match
+        if match is None or not match.alarming:
+            return None
+        return weigh_difference(
+            self.runnable(answer.settings),
+            ids,
+            answer.runs["target"].result.token_ids,
+            answer.runs["speculative"].result.token_ids,
+            self.pair.vocab_size,
+        )
 
     def summary(self, settings: Settings) -> str | None:
         """What runs the target and why, once chosen (None before)."""

@@ -64,6 +64,12 @@ def match_line(match: OutputMatch) -> Text:
     """Under the summary: whether the speculative tokens equal the target-only ones
     (a greedy difference in bold red: it must not happen)."""
     line = f"speculative vs target-only: {match.describe()}"
+    if match.near_tie:
+        return Text(
+            f"{line}: the target's top two logits there are within the pass's rounding,"
+            " so either token is its greedy choice",
+            style="yellow",
+        )
     if match.alarming:
         return Text(
             f"{line} (greedy speculative decoding must give the target's own tokens:"
