@@ -49,10 +49,12 @@ import torch
 import transformers
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from specrepl.engine.devices import synchronize
 from specrepl.engine.drafters.base import Draft, Drafter
 from specrepl.engine.drafters.model import ModelDrafter
 from specrepl.engine.gamma import make_policy
 from specrepl.engine.generation import autoregressive_generate, speculative_generate
+from specrepl.engine.output_match import first_difference as parting
 from specrepl.engine.results import GenerationResult
 from specrepl.engine.runtime import TorchModel
 from specrepl.engine.static_runtime import StaticTorchModel
@@ -168,11 +170,6 @@ class Check:
         return time.perf_counter() - began, value
 
 
-def synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def machine(device: torch.device) -> dict[str, Any]:
     facts: dict[str, Any] = {
         "python": platform.python_version(),
@@ -274,10 +271,9 @@ def timed_runs(check: Check, run: Callable[[], Any], reps: int) -> tuple[list[fl
 
 
 def agreeing_prefix(a: list[int], b: list[int]) -> int:
-    for index, (x, y) in enumerate(zip(a, b, strict=False)):
-        if x != y:
-            return index
-    return min(len(a), len(b))
+    """How many leading tokens the two runs share."""
+    position = parting(a, b)
+    return len(a) if position is None else position
 
 
 def target_alone(check: Check, model, prompt: list[int], new: int, reps: int) -> dict[str, Any]:

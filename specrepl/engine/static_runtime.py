@@ -39,6 +39,7 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel, StaticCache
 
+from specrepl.engine.devices import synchronize
 from specrepl.engine.forward import context_length, logits_width, model_device, selected_features
 from specrepl.engine.placement import placed_map
 from specrepl.engine.runtime import ModelRuntime, RunnableModel, TorchModel, TorchRuntime
@@ -53,11 +54,6 @@ DEFAULT_LENGTH = 4096
 
 class StaticRuntimeRefused(ValueError):
     """A model the static runtime cannot run, with the reason."""
-
-
-def _synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 class StaticTorchModel(RunnableModel):
@@ -165,10 +161,10 @@ class StaticTorchModel(RunnableModel):
             for bucket in self.buckets:
                 times = []
                 for _ in range(repeats + 1):
-                    _synchronize(self.device)
+                    synchronize(self.device)
                     start = time.perf_counter()
                     runtime.score(ids[: 1 + bucket], bucket, self.width)
-                    _synchronize(self.device)
+                    synchronize(self.device)
                     times.append(time.perf_counter() - start)
                     runtime.rollback_to(1)
                 self._bucket_seconds[bucket] = statistics.median(times[1:])
@@ -177,7 +173,7 @@ class StaticTorchModel(RunnableModel):
         return dict(self._bucket_seconds)
 
     def one_token_seconds(self) -> float | None:
-        return self._bucket_seconds.get(self.buckets[0]) if self.buckets[0] == 1 else None
+        return self._bucket_seconds.get(1)
 
     def step_seconds(self) -> Mapping[int, float] | None:
         """Measured seconds of a pass by number of drafts (the bucket it is fed as)."""
@@ -191,12 +187,14 @@ class StaticTorchModel(RunnableModel):
         return steps
 
     def feed(
-        self, ids: torch.Tensor, start: int, *, features: bool
+        self, ids: torch.Tensor, start: int, keep: int, *, features: bool
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...] | None]:
         """Run the model over `ids` (1-D, on the device) at positions from
         `start`; the cache then holds `start + len(ids)` positions. Returns
-        the logits of every position fed and, with `features`, the hidden
-        states (taken out of the compiled graph's memory)."""
+        the logits of the last `keep` positions fed and, with `features`, the
+        hidden states of every position fed (both taken out of the compiled
+        graph's memory). An uncompiled feed computes only the logits kept (a
+        long prompt's other positions never reach the output layer)."""
         count = ids.shape[0]
         bucket = self.bucket_for(count)
         fits = bucket is not None and start + bucket <= self.context
@@ -218,11 +216,11 @@ class StaticTorchModel(RunnableModel):
             cache_position=positions,
             position_ids=positions.unsqueeze(0),
             use_cache=True,
-            logits_to_keep=0,
+            logits_to_keep=0 if fits else keep,  # a compiled bucket's call never changes
             output_hidden_states=features,
         )
         self._set_length(start + count)
-        logits = output.logits[0, :count].clone()
+        logits = output.logits[0, :count][-keep:].clone()
         if not features:
             return logits, None
         return logits, tuple(state[:, :count].clone() for state in output.hidden_states)
@@ -267,9 +265,9 @@ class StaticRuntime(ModelRuntime):
         if start >= total or start < 0:
             raise RuntimeError(f"cannot keep {keep} logits of a sequence of {total} tokens")
         with torch.no_grad():
-            logits, hidden = self._model.feed(sequence[start:], start, features=features)
+            logits, hidden = self._model.feed(sequence[start:], start, keep, features=features)
         self._length = total
-        logits = logits[logits.shape[0] - keep :, :vocab_size]
+        logits = logits[:, :vocab_size]
         if hidden is None:
             return logits, None
         return logits, selected_features(hidden, feature_layers)[0]
