@@ -156,8 +156,8 @@ def test_the_default_hybrid_times_the_shipped_head_against_the_copy(
     """The default drafter (hybrid, head "auto") on the embedded pair: both the
     shipped head and the copy are timed (in llama.cpp too where it runs), the
     verdict is kept, and the answer is the target's whichever drafts. The
-    target runs in torch: one in llama.cpp gives the head no features, and the
-    copy drafts untimed (tests/test_llamacpp_target.py)."""
+    target runs in torch here; over a llama.cpp target the two are timed there
+    (tests/test_llamacpp_target.py)."""
     if runtime == "auto":
         request.getfixturevalue("llama")  # llama.cpp installed (required in CI)
     settings = load_config(default_config_path()).settings.updated(

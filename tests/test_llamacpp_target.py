@@ -154,13 +154,139 @@ def test_the_law_test_sees_a_target_whose_law_is_not_the_one_enumerated(
         )
 
 
-def test_a_drafter_that_reads_features_is_refused(tiny) -> None:
-    _, llama = tiny
+def test_a_drafter_that_reads_features_is_refused_where_llamacpp_cannot_give_them(
+    tiny, tmp_path: Path
+) -> None:
+    """A llama-cpp-python without the evaluation callback gives no features: a
+    drafter that reads them is refused, saying why, before anything runs."""
+    from specrepl.engine.llamacpp_features import tap_problem
 
+    class NoCallback:  # a binding as old ones are: no `ggml_backend_sched_eval_callback`
+        llama_cpp = None
+
+    assert "no evaluation callback" in (tap_problem(NoCallback()) or "")
+    model, _ = tiny
+    llama = LlamaCppModel(tiny_gguf(model, tmp_path / "same.gguf"), context_length=64)
+    assert llama.gives_features
+    llama.features_problem, llama.gives_features = tap_problem(NoCallback()), False
     drafter = LookupDrafter()
     drafter.uses_target_features = True  # as a draft head declares
     with pytest.raises(FeaturesUnavailable, match=r"llama\.cpp"):
         speculative_generate(PROMPT, drafter, llama, gamma=2, max_gen_len=4)
+    with pytest.raises(FeaturesUnavailable, match=r"evaluation callback"):
+        llama.open().score(torch.tensor(PROMPT), 1, VOCAB, features=True)
+
+
+@pytest.fixture(scope="module")
+def three_layers(tmp_path_factory: pytest.TempPathFactory):
+    """A tiny target of three layers in both runtimes, and a head trained for it
+    that fuses its first two layers' outputs (EAGLE-3) with the final state."""
+    from specrepl.testing import tiny_head
+
+    model = tiny_llama(VOCAB, hidden_size=64, num_layers=3, sharpness=6.0, seed=5)
+    path = tiny_gguf(model, tmp_path_factory.mktemp("gguf") / "three.gguf")
+    head = tiny_head(model, draft_vocab=200, seconds=3.0, fused_layers=(1, 2))
+    return model, LlamaCppModel(path, context_length=256, threads=1), head
+
+
+def test_hidden_state_indices_map_to_llamacpps_tensor_names() -> None:
+    from specrepl.engine.llamacpp_features import feature_names
+
+    assert feature_names((2, 15), 30) == (b"l_out-1", b"l_out-14", b"result_norm")
+    assert feature_names((), 30) == (b"result_norm",)
+    for outside in (0, 30):
+        with pytest.raises(ValueError, match=rf"hidden state {outside}: .* 1 to 29"):
+            feature_names((outside,), 30)
+
+
+@pytest.mark.parametrize("layers", [(), (2,), (1, 2)])
+def test_llamacpp_gives_the_features_torch_gives(three_layers, layers) -> None:
+    """The hidden states a draft head reads (the final one, and earlier layers'
+    outputs before it), from a prompt pass and from a pass over drafts after it:
+    llama.cpp's equal torch's within float32 rounding, in the same layout."""
+    model, llama, _ = three_layers
+    sequence = torch.tensor([*PROMPT, 40, 41, 42])
+    in_torch, in_llamacpp = TorchModel(model).open(), llama.open()
+    for end in (len(PROMPT), len(sequence)):
+        expected = in_torch.score(sequence[:end], 2, VOCAB, features=True, feature_layers=layers)
+        got = in_llamacpp.score(sequence[:end], 2, VOCAB, features=True, feature_layers=layers)
+        torch.testing.assert_close(got[0], expected[0], atol=1e-3, rtol=1e-3)
+        fed = end if end == len(PROMPT) else end - len(PROMPT)
+        assert got[1].shape == expected[1].shape == (fed, 64 * (len(layers) + 1))
+        torch.testing.assert_close(got[1], expected[1], atol=1e-4, rtol=1e-4)
+
+
+def test_a_runtime_asked_for_features_keeps_what_it_held(three_layers) -> None:
+    """A plain runtime asked for features the first time moves to a context with
+    a tap, reading what it held again: it still holds it, and the features of
+    the positions fed are those of a runtime that read everything with the tap."""
+    _, llama, _ = three_layers
+    plain = llama.open()
+    plain.score(torch.tensor(PROMPT[:6]), 1, VOCAB)
+    assert plain._context.tap is None
+    _, features = plain.score(torch.tensor(PROMPT), 2, VOCAB, features=True)
+    assert plain._context.tap is not None and plain.held() == PROMPT
+    whole = llama.open()
+    _, every = whole.score(torch.tensor(PROMPT), 2, VOCAB, features=True)
+    torch.testing.assert_close(features, every[6:], atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match=r"hidden state 3"):
+        whole.score(torch.tensor([*PROMPT, 5]), 1, VOCAB, features=True, feature_layers=(3,))
+
+
+@pytest.mark.parametrize("gamma", [1, 4, "auto:8"])
+@pytest.mark.parametrize("use_cache", [True, False])
+def test_greedy_speculative_with_a_head_equals_the_llamacpp_target(
+    three_layers, gamma, use_cache
+) -> None:
+    from specrepl.engine.drafters.head import HeadDrafter
+
+    _, llama, head = three_layers
+    options = {"eos_tokens_id": 3, "vocab_size": VOCAB, "use_cache": use_cache}
+    reference = autoregressive_generate(PROMPT, llama, max_gen_len=40, **options)
+    policy = make_policy("auto", 8) if gamma == "auto:8" else gamma
+    result = speculative_generate(
+        PROMPT, HeadDrafter(head), llama, gamma=policy, max_gen_len=40, **options
+    )
+    assert result.token_ids == reference.token_ids
+    # (auto may stop drafting: a tiny target's pass costs less than the head's draft)
+    assert result.accepted > 0 or gamma == "auto:8", "a trained head gets drafts accepted"
+
+
+def test_a_head_chat_keeps_the_llamacpp_context_and_stays_exact(three_layers) -> None:
+    from specrepl.engine.drafters.head import HeadDrafter
+
+    _, llama, head = three_layers
+    options = {"eos_tokens_id": 3, "vocab_size": VOCAB}
+    kept, drafter = PromptCache(), HeadDrafter(head, keep_between_prompts=True)
+    history = list(PROMPT)
+    for turn in range(3):
+        ids = [*history, 2, 265, 270 + turn, 281]
+        reference = autoregressive_generate(ids, llama, max_gen_len=16, **options)
+        result = speculative_generate(
+            ids, drafter, llama, gamma=4, max_gen_len=16, prompt_cache=kept, **options
+        )
+        assert result.token_ids == reference.token_ids
+        history = [*ids, *result.token_ids]
+
+
+def test_a_head_keeps_the_target_in_torch_where_llamacpp_gives_no_features(
+    tiny, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With a llama-cpp-python that cannot give features, "auto" keeps a head's
+    target in torch saying why, and a forced llama.cpp is refused with it."""
+    import specrepl.engine.llamacpp_runtime as llamacpp_runtime
+    from specrepl.engine.llamacpp import LlamaCppUnavailable
+    from specrepl.engine.target_choice import choose_target_runtime
+    from specrepl.engine.tuning import Tuning
+
+    model, _ = tiny
+    path = tiny_gguf(model, tmp_path / "no-tap.gguf")
+    monkeypatch.setattr(llamacpp_runtime, "tap_problem", lambda _: "no evaluation callback")
+    auto = choose_target_runtime("auto", model, Tuning(), path, context_length=96, features=True)
+    assert auto.runtime == "torch"
+    assert "features: no evaluation callback" in auto.describe()
+    with pytest.raises(LlamaCppUnavailable, match=r"no evaluation callback"):
+        choose_target_runtime("llamacpp", model, Tuning(), path, context_length=96, features=True)
 
 
 def test_widths_are_timed_for_the_gamma_policy(tiny) -> None:
@@ -297,14 +423,18 @@ def test_auto_takes_an_earlier_verdict_without_measuring_again(
 
 
 def test_a_hybrid_drafts_with_the_model_where_the_target_gives_no_features(pair, tiny) -> None:
+    """Where this llama.cpp cannot give features (a binding without the evaluation
+    callback), a hybrid whose head is "auto" drafts with the model, saying why."""
     from specrepl.chat.drafting import choose_hybrid_source
     from specrepl.chat.settings import Settings
 
-    _, llama = tiny
+    _, tiny_llamacpp = tiny
+    llama = LlamaCppModel(tiny_llamacpp.path, context_length=64)
+    llama.features_problem, llama.gives_features = "no evaluation callback", False
     settings = Settings(drafter_kind="hybrid", drafter_head="auto")
     choice, head = choose_hybrid_source(settings, pair, None, target=llama)
     assert not choice.head and head is None
-    assert "gives the head no features" in choice.describe()
+    assert "gives the head no features: no evaluation callback" in choice.describe()
 
 
 def test_a_forced_runtime_that_cannot_run_is_refused_with_the_reason(pair) -> None:
@@ -436,20 +566,97 @@ def test_auto_on_the_embedded_pair_is_measured_once_and_stored(embedded_pair) ->
     assert again.describe().endswith("(measured at an earlier start)")
 
 
-def test_auto_keeps_torch_for_a_draft_head(embedded_pair) -> None:
-    """A named draft head reads the target's features, which llama.cpp does not
-    give: under "auto" the target stays in torch, saying why, and the head drafts."""
+def test_the_embedded_float32_file_gives_the_torch_targets_features(
+    embedded_pair, embedded_f32
+) -> None:
+    """The hidden states the shipped head reads (its fused layers and the final
+    state), from the embedded model's float32 file in llama.cpp and from the
+    torch target, over a chat prompt: equal within float32 rounding."""
+    from specrepl.engine.drafters.builder import load_drafter_head
+
+    head, _ = load_drafter_head("embedded", embedded_pair.target.model)
+    layers = head.config.fused_layers
+    ids = torch.tensor(embedded_pair.tokenizer.encode("Name three colours, then a fruit."))
+    vocab = embedded_pair.vocab_size
+    _, expected = (
+        TorchModel(embedded_pair.target.model)
+        .open()
+        .score(ids, 1, vocab, features=True, feature_layers=layers)
+    )
+    _, got = embedded_f32.open().score(ids, 1, vocab, features=True, feature_layers=layers)
+    assert got.shape == expected.shape == (len(ids), 576 * (len(layers) + 1))
+    scale = expected.abs().amax(dim=0).clamp(min=1.0)
+    assert float(((got - expected).abs() / scale).max()) < 1e-3
+
+
+def test_sampling_with_the_shipped_head_follows_the_llamacpp_targets_law(
+    embedded_pair, embedded_f32
+) -> None:
+    """Three sampled tokens under top-3 at temperature 2 (27 outcomes), the shipped
+    head drafting from the features of the embedded float32 file in llama.cpp:
+    the samples against the law enumerated from the torch target (the same
+    weights; the logits agree within 1e-3)."""
+    from specrepl.engine.drafters.builder import load_drafter_head
+    from specrepl.engine.drafters.head import HeadDrafter
+
+    head, _ = load_drafter_head("embedded", embedded_pair.target.model)
+    ids = embedded_pair.tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Pick a random word."}],
+        add_generation_prompt=True,
+        return_dict=False,
+    )
+    drafter = HeadDrafter(head, keep_between_prompts=True)  # keeps what it read of the prompt
+    assert_speculative_sampling_is_exact(
+        embedded_f32,
+        drafter,
+        list(ids),
+        TopKProcessor(temperature=2.0, top_k=3),
+        embedded_pair.generation_options(use_cache=True),
+        law_model=embedded_pair.target.model,
+    )
+
+
+def test_auto_takes_llamacpp_for_a_draft_head(embedded_pair) -> None:
+    """A named draft head reads the target's features, which llama.cpp gives:
+    under "auto" the target runs where it runs fastest, and the head drafts
+    from llama.cpp's features with the target's text."""
     from specrepl.chat.session import ChatSession
     from specrepl.chat.settings import Settings
 
-    settings = Settings(max_new_tokens=8, drafter_kind="head", drafter_head="embedded")
+    settings = Settings(max_new_tokens=12, drafter_kind="head", drafter_head="embedded")
     session = ChatSession(embedded_pair, settings)
     choice = session.target.choice(session.settings)
-    assert choice.runtime == "torch"
-    assert "features" in choice.describe()
+    plain = session.target.choice(Settings())
+    assert choice.runtime == plain.runtime  # the features change nothing of the choice
     answer = session.answer("Name three colours.")
     speculative, alone = answer.runs["speculative"], answer.runs["target"]
     assert speculative.result.token_ids == alone.result.token_ids
+
+
+def test_the_default_hybrid_times_the_head_against_the_copy_over_llamacpp(embedded_pair) -> None:
+    """The default drafter (hybrid, head "auto") over the target in llama.cpp:
+    the shipped head (reading llama.cpp's features) and the copy are both timed
+    there, the verdict is kept apart from one timed over torch, and the answer
+    is the target's whichever drafts."""
+    from specrepl.chat.config import load_config
+    from specrepl.chat.session import ChatSession
+    from specrepl.engine.drafters.head import HeadDrafter
+    from specrepl.engine.drafters.hybrid import HybridDrafter
+    from specrepl.store.paths import default_config_path
+
+    settings = load_config(default_config_path()).settings.updated(
+        target_runtime="llamacpp", max_new_tokens=12
+    )
+    assert settings.drafter_options().chooses_head
+    session = ChatSession(embedded_pair, settings)
+    answer = session.answer("Name three colours.")
+    assert answer.refusal is None, answer.refusal
+    assert answer.runs["speculative"].result.token_ids == answer.runs["target"].result.token_ids
+    choice = session.drafters.choice(settings)
+    assert set(choice.seconds) == {"head", "model"} and choice.tokens > 0
+    drafter = session._drafter(settings)
+    assert isinstance(drafter, HybridDrafter)
+    assert isinstance(drafter.model, HeadDrafter) == choice.head
 
 
 def test_the_warm_up_makes_a_llamacpp_context_for_both_target_runs(embedded_pair) -> None:
@@ -463,7 +670,7 @@ def test_the_warm_up_makes_a_llamacpp_context_for_both_target_runs(embedded_pair
     session.warm_up()
     target = session.target.runnable(session.settings)
     assert isinstance(target, LlamaCppModel)
-    assert len(target._free) >= 2  # the speculative run's and the target alone's
+    assert len(target._free[False]) >= 2  # the speculative run's and the target alone's
 
 
 def windowed_copy(tiny, window: int, slack: int | None = None):

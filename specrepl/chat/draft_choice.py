@@ -12,8 +12,10 @@ llama.cpp on a 2-core CPU and about 0.6 in torch there.
 `CALIBRATION_PROMPTS` (after an untimed run of each), the two alternating
 which goes first; the one whose runs took less time in all is kept. The runs
 give the same tokens, the target's greedy text, so their times compare
-directly. The verdict is stored (`paths.draft_choices_file`) under the pair,
-the head's weights, what runs the model, the gamma policy and the machine:
+directly. Both verify with the runtime that runs the target (torch or
+llama.cpp, whose features the head reads too). The verdict is stored
+(`paths.draft_choices_file`) under the pair, the head's weights, what runs
+the model and the target, the gamma policy and the machine:
 only the first start on a machine pays for it, and it is timed again after
 `MAX_CHOICE_AGE_DAYS`, once the store is cleared, or when asked (`retime`:
 `/draft_source retime`).
@@ -37,6 +39,7 @@ from specrepl.chat.settings import Settings
 from specrepl.engine.drafters.base import Drafter
 from specrepl.engine.generation import GenerationInterrupted, speculative_generate
 from specrepl.engine.processors import make_processor
+from specrepl.engine.runtime import RunnableModel
 from specrepl.engine.widths import cpu_identity
 from specrepl.models.pair import ModelPair
 from specrepl.models.prompting import prompt_ids
@@ -167,12 +170,14 @@ def choose_draft_source(
     *,
     store: Path | None = None,
     retime: bool = False,
+    target: RunnableModel | None = None,
 ) -> DraftChoice:
     """Whether the hybrid drafts faster with its head than with the drafter model
     on this machine: `build(True)` gives the hybrid with the head, `build(False)`
     the one with the model. A choice stored under `key` (less than
     `MAX_CHOICE_AGE_DAYS` old) is taken unless `retime`; one timed now is
-    stored. Ctrl-C while timing raises KeyboardInterrupt and stores nothing."""
+    stored. Both verify with `target` (default: the target in torch).
+    Ctrl-C while timing raises KeyboardInterrupt and stores nothing."""
     saved = read_json_object(store) if store is not None else {}
     now = time.time()
     if not retime:
@@ -180,7 +185,7 @@ def choose_draft_source(
         if stored is not None:
             return stored
     try:
-        choice = _time_sources(pair, settings, build)
+        choice = _time_sources(pair, settings, build, target)
     except GenerationInterrupted:
         raise KeyboardInterrupt from None
     if store is not None:
@@ -190,7 +195,10 @@ def choose_draft_source(
 
 
 def _time_sources(
-    pair: ModelPair, settings: Settings, build: Callable[[bool], Drafter]
+    pair: ModelPair,
+    settings: Settings,
+    build: Callable[[bool], Drafter],
+    target: RunnableModel | None = None,
 ) -> DraftChoice:
     """Both hybrids on the calibration prompts, greedy, alternating which runs first."""
     common = {
@@ -203,6 +211,7 @@ def _time_sources(
         for text in CALIBRATION_PROMPTS
     ]
     drafters = {source: build(source == "head") for source in ("head", "model")}
+    verifier = pair.target.model if target is None else target
 
     def run(source: str, ids: list[int], tokens: int) -> tuple[float, list[int]]:
         drafter = drafters[source]
@@ -210,7 +219,7 @@ def _time_sources(
         policy = settings.gamma_policy_object()
         start = time.perf_counter()
         result = speculative_generate(
-            ids, drafter, pair.target.model, gamma=policy, max_gen_len=tokens, **common
+            ids, drafter, verifier, gamma=policy, max_gen_len=tokens, **common
         )
         return time.perf_counter() - start, list(result.token_ids)
 

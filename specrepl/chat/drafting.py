@@ -399,10 +399,13 @@ def choose_hybrid_source(
     `draft_choice.choose_draft_source`, which keeps the verdict in the store
     (`retime`: timed again now). Without a head for this target the model
     drafts; without a drafter model the head does. Where the target that
-    verifies (`target`) gives no features, as in llama.cpp, the head cannot
-    draft and the model does, untimed."""
+    verifies (`target`) gives no features, the head cannot draft and the
+    model does, untimed. Both are timed over `target` (default: the target in
+    torch), and the verdict is kept per runtime of the target."""
     if target is not None and not target.gives_features and pair.drafter is not None:
-        return DraftChoice(False, note="the target's runtime gives the head no features"), None
+        why = getattr(target, "features_problem", None)
+        note = "the target's runtime gives the head no features" + (f": {why}" if why else "")
+        return DraftChoice(False, note=note), None
     if load_head is None:
         load_head = lambda: load_drafter_head("auto", pair.target.model)  # noqa: E731
     model = pair.drafter.model if pair.drafter is not None and _in_torch(runtime) else None
@@ -425,12 +428,15 @@ def choose_hybrid_source(
             model=None if with_head else model,
             head=head,
             runtime=runtime,
+            target=target,
         )
 
     runtime_name = "torch" if _in_torch(runtime) else "llamacpp"
+    if target is not None and target.runtime_name != "torch":
+        runtime_name += f", target in {target.runtime_name}"
     key = choice_key(pair, settings, Path(path), runtime_name)
     choice = choose_draft_source(
-        pair, settings, build, key, store=draft_choices_file(), retime=retime
+        pair, settings, build, key, store=draft_choices_file(), retime=retime, target=target
     )
     return replace(choice, head_path=path), head
 

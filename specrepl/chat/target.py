@@ -115,7 +115,6 @@ class ChatTarget:
             requested not in ("torch", "static")
             and target.gguf is not None
             and not target.offloaded  # runs in torch only: no float32 file written for nothing
-            and not (features and requested == "auto")
         ):
             try:
                 gguf = float32_gguf(target.gguf)
@@ -128,7 +127,7 @@ class ChatTarget:
             prompt_ids(self.pair.tokenizer, text, chat=True, system_prompt=None)
             for text in (CALIBRATION_PROMPTS if requested == "auto" else ())
         ]
-        store_key = requested == "auto" and gguf is not None and not features
+        store_key = requested == "auto" and gguf is not None
         key = verdict_key(self.pair, gguf) if store_key else None
         store = target_runtimes_file()
         saved = read_json_object(store) if key is not None else {}

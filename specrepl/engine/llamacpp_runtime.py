@@ -20,8 +20,11 @@ positions (the verification's k + 1 rows, or the prompt's last), and copies
 them out in one read; a rollback removes the positions past the kept length
 from the context's one sequence. `time_widths` measures the seconds of a pass
 by width after a short context, which the gamma policy reads as the target's
-step costs. The runtime gives no features (a drafter that reads them is
-refused by the loop).
+step costs. Where a drafter reads the target's features (a draft head), a
+pass also gives the hidden states it reads, through a `llamacpp_features`
+tap: such a runtime moves to a context with a tap (reading what it held
+again) the first time it is asked for them, so that the plain runtimes'
+passes never call into Python.
 
 This module knows nothing about drafting, acceptance or settings.
 """
@@ -40,6 +43,7 @@ import numpy as np
 import torch
 
 from specrepl.engine.llamacpp import import_llamacpp, open_gguf
+from specrepl.engine.llamacpp_features import FeatureTap, feature_names, tap_problem
 from specrepl.engine.runtime import FeaturesUnavailable, ModelRuntime, RunnableModel
 
 __all__ = ["LlamaCppModel", "LlamaCppRuntime"]
@@ -51,13 +55,17 @@ BATCH = 512
 class _Context:
     """A llama.cpp context with its batch and the tokens its sequence 0 holds."""
 
-    def __init__(self, llama_cpp: Any, llama: Any) -> None:
+    def __init__(self, llama_cpp: Any, llama: Any, *, tapped: bool = False) -> None:
         from llama_cpp import _internals
 
         self._llama_cpp = llama_cpp
-        self.owner = _internals.LlamaContext(
-            model=llama._model, params=llama.context_params, verbose=False
-        )
+        params = llama.context_params
+        self.tap: FeatureTap | None = None
+        if tapped:  # a copy of the parameters with the tap's callback in them
+            self.tap = FeatureTap(llama_cpp)
+            params = type(params).from_buffer_copy(params)
+            params.cb_eval = self.tap.callback
+        self.owner = _internals.LlamaContext(model=llama._model, params=params, verbose=False)
         self.ctx = self.owner.ctx
         self.memory = llama_cpp.llama_get_memory(self.ctx)
         self.batch = llama_cpp.llama_batch_init(BATCH, 0, 1)
@@ -112,15 +120,24 @@ class LlamaCppModel(RunnableModel):
         self.device = torch.device("cpu")
         self.width = int(self.llama.n_vocab())
         self.context = int(self.llama.n_ctx())
-        self._free: list[_Context] = []
+        self.layers = int(self._llama_cpp.llama_model_n_layer(self.llama._model.model))
+        self.features_problem = tap_problem(self._llama_cpp)
+        self.gives_features = self.features_problem is None
+        self._free: dict[bool, list[_Context]] = {False: [], True: []}
         self._seconds: dict[int, float] | None = None
 
     def open(self, *, use_cache: bool = True) -> LlamaCppRuntime:
-        context = self._free.pop() if self._free else _Context(self._llama_cpp, self.llama)
+        return LlamaCppRuntime(self, keeps=use_cache)
+
+    def take_context(
+        self, owner: LlamaCppRuntime, *, tapped: bool = False
+    ) -> tuple[_Context, weakref.finalize]:
+        """A cleared context (with a feature tap where `tapped`), and what gives
+        it back to the pool: called, or run when `owner` is gone."""
+        pool = self._free[tapped]
+        context = pool.pop() if pool else _Context(self._llama_cpp, self.llama, tapped=tapped)
         context.clear()
-        runtime = LlamaCppRuntime(self, context, keeps=use_cache)
-        weakref.finalize(runtime, self._free.append, context)
-        return runtime
+        return context, weakref.finalize(owner, pool.append, context)
 
     def runs(self, model: Any) -> bool:
         return model is self
@@ -162,9 +179,9 @@ class LlamaCppRuntime(ModelRuntime):
 
     name = "llama.cpp"
 
-    def __init__(self, model: LlamaCppModel, context: _Context, *, keeps: bool = True) -> None:
+    def __init__(self, model: LlamaCppModel, *, keeps: bool = True) -> None:
         self._model = model
-        self._context = context
+        self._context, self._give_back = model.take_context(self)
         self._keeps = keeps
         self._llama_cpp = model._llama_cpp
 
@@ -174,7 +191,8 @@ class LlamaCppRuntime(ModelRuntime):
 
     @property
     def length(self) -> int:
-        return len(self._context.held)
+        """Tokens held for the next pass (none where every pass reads all again)."""
+        return len(self._context.held) if self._keeps else 0
 
     def held(self) -> list[int]:
         """The tokens whose keys and values the context holds."""
@@ -220,8 +238,15 @@ class LlamaCppRuntime(ModelRuntime):
         features: bool = False,
         feature_layers: tuple[int, ...] = (),
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        names: tuple[bytes, ...] = ()
         if features:
-            raise FeaturesUnavailable("llama.cpp's runtime gives logits, not the model's features")
+            if self._model.features_problem is not None:
+                raise FeaturesUnavailable(
+                    f"llama.cpp gives no hidden states here: {self._model.features_problem}"
+                )
+            names = feature_names(feature_layers, self._model.layers)
+            if self._context.tap is None:
+                self._take_tapped_context()
         if not self._keeps:
             self._context.clear()
         ids = sequence.tolist()
@@ -237,17 +262,43 @@ class LlamaCppRuntime(ModelRuntime):
             raise ValueError(
                 f"{start + len(fed)} positions do not fit the context of {self._model.context}"
             )
+        tap = self._context.tap
+        if not names:
+            return self._feed(fed, start, keep, vocab_size, every_output=False), None
+        assert tap is not None
+        tap.begin(names)
+        try:  # every position an output, so that the last layer keeps all its rows
+            logits = self._feed(fed, start, keep, vocab_size, every_output=True)
+        finally:
+            tap.end()
+        return logits, torch.from_numpy(tap.take(len(fed)))
+
+    def _feed(
+        self, fed: list[int], start: int, keep: int, vocab_size: int, *, every_output: bool
+    ) -> torch.Tensor:
+        """Decode `fed` from position `start` in batches; the logits of its last
+        `keep` positions (`every_output`: llama.cpp computes every position's)."""
         rows: list[np.ndarray] = []
         first_kept = len(fed) - keep
         for offset in range(0, len(fed), BATCH):
-            chunk = fed[offset : offset + BATCH]
-            outputs = self._decode(chunk, start + offset, first_kept - offset)
-            if outputs:
+            wanted = first_kept - offset
+            outputs = self._decode(
+                fed[offset : offset + BATCH], start + offset, 0 if every_output else wanted
+            )
+            skipped = max(wanted, 0) if every_output else 0
+            if outputs > skipped:
                 pointer = self._llama_cpp.llama_get_logits(self._context.ctx)
                 block = np.ctypeslib.as_array(pointer, shape=(outputs, self._model.width))
-                rows.append(block[:, :vocab_size].copy())
-        logits = torch.from_numpy(np.concatenate(rows) if len(rows) > 1 else rows[0])
-        return logits, None
+                rows.append(block[skipped:, :vocab_size].copy())
+        return torch.from_numpy(np.concatenate(rows) if len(rows) > 1 else rows[0])
+
+    def _take_tapped_context(self) -> None:
+        """Move to a context with a feature tap, reading what this one held again."""
+        held = list(self._context.held)
+        self._give_back()
+        self._context, self._give_back = self._model.take_context(self, tapped=True)
+        for offset in range(0, len(held), BATCH):
+            self._decode(held[offset : offset + BATCH], offset, BATCH)
 
     def _decode(self, tokens: list[int], position: int, first_output: int) -> int:
         """Decode `tokens` at positions from `position`, with logits from the

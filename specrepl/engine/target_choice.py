@@ -181,6 +181,15 @@ def _torch_choice(requested: str, in_torch: TorchModel, context_length: int) -> 
     )
 
 
+def _without_features(requested: str, in_torch: TorchModel, problem: str) -> TargetChoice:
+    """Torch, for a drafter that reads features this llama.cpp cannot give
+    (`problem`); a forced llama.cpp is refused with the reason."""
+    reason = f"the draft head reads the target's features: {problem}"
+    if requested == "llamacpp":
+        raise LlamaCppUnavailable(reason)
+    return TargetChoice(in_torch, reason)
+
+
 def choose_target_runtime(
     requested: str,
     model: PreTrainedModel,
@@ -197,8 +206,8 @@ def choose_target_runtime(
     """What runs the target `model` (whose exact weights the GGUF file `gguf`
     holds, or None): see the module docstring. `earlier`: what "auto" decided
     at an earlier start on this machine, taken instead of measuring.
-    `features`: the drafter reads the target's features, which only torch
-    gives, so "auto" keeps torch."""
+    `features`: the drafter reads the target's features, which "auto" takes
+    from llama.cpp only where this llama.cpp can give them."""
     if requested not in TARGET_RUNTIMES:
         raise ValueError(f"runtime must be one of {', '.join(TARGET_RUNTIMES)}, got {requested!r}")
     in_torch = TorchModel(model, tuning)
@@ -211,10 +220,6 @@ def choose_target_runtime(
     device = model_device(model)
     if requested == "auto" and device.type != "cpu":
         return TargetChoice(in_torch, f"the target runs on {device.type}; llama.cpp on the CPU")
-    if requested == "auto" and features:
-        return TargetChoice(
-            in_torch, "the draft head reads the target's features, which only torch gives"
-        )
     if requested == "auto" and earlier is not None and earlier.runtime == "torch":
         return TargetChoice(in_torch, earlier.reason, earlier.seconds, earlier=True)
     try:
@@ -223,6 +228,8 @@ def choose_target_runtime(
         if requested == "llamacpp":
             raise
         return TargetChoice(in_torch, str(error))
+    if features and llama.features_problem is not None:
+        return _without_features(requested, in_torch, llama.features_problem)
     widths = llama.step_seconds() or llama.time_widths(MAX_WIDTH)
     if requested == "llamacpp":
         return TargetChoice(llama, "asked for", {"llamacpp": widths[0]})
