@@ -109,12 +109,11 @@ def test_greedy_speculative_equals_the_llamacpp_target(tiny, kind, gamma, use_ca
     assert result.steps < len(result.token_ids) or kind != "model"
 
 
-@pytest.mark.parametrize("kind", ["model", "lookup", "ngram"])
-def test_a_chat_keeps_the_llamacpp_context_and_stays_exact(tiny, kind) -> None:
-    model, llama = tiny
+def chat_turns(llama: LlamaCppModel, drafter: Drafter) -> list:
+    """Three turns of one chat over `llama` with its context kept: each
+    speculative result, asserted equal to the llama.cpp target alone."""
     options = {"eos_tokens_id": 3, "vocab_size": VOCAB}
-    kept, drafter = PromptCache(), drafters(model)[kind]
-    history = list(PROMPT)
+    kept, history, results = PromptCache(), list(PROMPT), []
     for turn in range(3):
         ids = [*history, 2, 265, 270 + turn, 281]
         reference = autoregressive_generate(ids, llama, max_gen_len=16, **options)
@@ -122,9 +121,17 @@ def test_a_chat_keeps_the_llamacpp_context_and_stays_exact(tiny, kind) -> None:
             ids, drafter, llama, gamma=4, max_gen_len=16, prompt_cache=kept, **options
         )
         assert result.token_ids == reference.token_ids, turn
-        if turn:
-            assert result.reused_prompt_tokens >= len(history) - 1
+        results.append((len(history), result))
         history = [*ids, *result.token_ids]
+    return results
+
+
+@pytest.mark.parametrize("kind", ["model", "lookup", "ngram"])
+def test_a_chat_keeps_the_llamacpp_context_and_stays_exact(tiny, kind) -> None:
+    model, llama = tiny
+    for turn, (history, result) in enumerate(chat_turns(llama, drafters(model)[kind])):
+        if turn:
+            assert result.reused_prompt_tokens >= history - 1
 
 
 def test_sampling_follows_the_llamacpp_targets_law(tiny) -> None:
@@ -256,17 +263,7 @@ def test_a_head_chat_keeps_the_llamacpp_context_and_stays_exact(three_layers) ->
     from specrepl.engine.drafters.head import HeadDrafter
 
     _, llama, head = three_layers
-    options = {"eos_tokens_id": 3, "vocab_size": VOCAB}
-    kept, drafter = PromptCache(), HeadDrafter(head, keep_between_prompts=True)
-    history = list(PROMPT)
-    for turn in range(3):
-        ids = [*history, 2, 265, 270 + turn, 281]
-        reference = autoregressive_generate(ids, llama, max_gen_len=16, **options)
-        result = speculative_generate(
-            ids, drafter, llama, gamma=4, max_gen_len=16, prompt_cache=kept, **options
-        )
-        assert result.token_ids == reference.token_ids
-        history = [*ids, *result.token_ids]
+    chat_turns(llama, HeadDrafter(head, keep_between_prompts=True))
 
 
 def test_a_head_keeps_the_target_in_torch_where_llamacpp_gives_no_features(

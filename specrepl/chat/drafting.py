@@ -403,7 +403,7 @@ def choose_hybrid_source(
     model does, untimed. Both are timed over `target` (default: the target in
     torch), and the verdict is kept per runtime of the target."""
     if target is not None and not target.gives_features and pair.drafter is not None:
-        why = getattr(target, "features_problem", None)
+        why = target.features_problem
         note = "the target's runtime gives the head no features" + (f": {why}" if why else "")
         return DraftChoice(False, note=note), None
     if load_head is None:

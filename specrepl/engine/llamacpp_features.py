@@ -96,8 +96,8 @@ def tap_problem(llama_cpp: Any) -> str | None:
 class FeatureTap:
     """The evaluation callback of one llama.cpp context (see the module docstring).
 
-    `begin(names)` before a pass, `take(rows)` after it: the wanted tensors'
-    rows of every decode call since `begin`, side by side in the order of
+    `begin(names)` before a pass, `end()` after it, then `take(rows)`: the
+    wanted tensors' rows of every decode call since `begin`, side by side in the order of
     `names`, as one float32 array (rows, width x len(names)). Between passes it
     wants nothing and answers at once."""
 
@@ -128,7 +128,6 @@ class FeatureTap:
         """The rows read since `begin` (see the class docstring); raises
         `FeaturesUnreadable` where a tensor was missing, of another type, or
         of another number of rows than the `rows` fed."""
-        self.end()
         if self._error is not None:
             raise FeaturesUnreadable(self._error)
         blocks = []

@@ -245,10 +245,10 @@ class LlamaCppRuntime(ModelRuntime):
                     f"llama.cpp gives no hidden states here: {self._model.features_problem}"
                 )
             names = feature_names(feature_layers, self._model.layers)
-            if self._context.tap is None:
-                self._take_tapped_context()
         if not self._keeps:
             self._context.clear()
+        if names and self._context.tap is None:
+            self._take_tapped_context()
         ids = sequence.tolist()
         start = self.length
         fed = ids[start:]
@@ -262,9 +262,9 @@ class LlamaCppRuntime(ModelRuntime):
             raise ValueError(
                 f"{start + len(fed)} positions do not fit the context of {self._model.context}"
             )
-        tap = self._context.tap
         if not names:
             return self._feed(fed, start, keep, vocab_size, every_output=False), None
+        tap = self._context.tap
         assert tap is not None
         tap.begin(names)
         try:  # every position an output, so that the last layer keeps all its rows

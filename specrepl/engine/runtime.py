@@ -103,6 +103,8 @@ class RunnableModel(ABC):
     """What runs it, in words ("torch", "llama.cpp")."""
     gives_features: bool = False
     """Whether its runtimes' `score(..., features=True)` return the model's hidden states."""
+    features_problem: str | None = None
+    """Why its runtimes give no features, where a reason is known (None: none given)."""
     gives_key_values: bool = False
     """Whether its runtimes' `key_values()` hand a `DynamicCache` to a torch copy that takes one."""
 
