@@ -199,14 +199,17 @@ def tiny_head(
     target: LlamaForCausalLM,
     *,
     draft_vocab: int | None = None,
-    seconds: float = 2.0,
+    tokens: int = 35_000,
+    prompts: int = 48,
     seed: int = 0,
     end_token: int = 3,
     fused_layers: tuple[int, ...] = (),
 ) -> Any:
-    """A draft head for a tiny target, trained for `seconds` on the target's own
-    greedy continuations of random prompts, through the same data and training
-    code as `python infer.py distill` (`fused_layers`: EAGLE-3's fused features)."""
+    """A draft head for a tiny target, trained over `tokens` answer tokens on the
+    target's own greedy continuations of `prompts` random prompts, through the
+    same data and training code as `python infer.py distill` (`fused_layers`:
+    EAGLE-3's fused features). The budget is tokens, not time, so the head is the
+    same on a slow machine as on a fast one."""
     import tempfile
     from pathlib import Path
 
@@ -219,7 +222,7 @@ def tiny_head(
         torch.randint(
             4, vocab, (int(torch.randint(4, 12, (1,), generator=generator)),), generator=generator
         ).tolist()
-        for _ in range(48)
+        for _ in range(prompts)
     ]
     generated = batched_generate(
         target, prompts, max_new_tokens=24, end_tokens=[end_token], pad_id=0, keep_features=False
@@ -236,7 +239,8 @@ def tiny_head(
         depth=2,
         learning_rate=3e-3,
         batch_sequences=8,
-        max_minutes=seconds / 60,
+        max_minutes=60.0,  # never the limit: `tokens` is
+        max_tokens=tokens,
         seed=seed,
         checkpoint_seconds=1e9,
         fused_layers=fused_layers,

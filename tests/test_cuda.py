@@ -43,12 +43,12 @@ def target() -> torch.nn.Module:
 
 @functools.cache
 def head():
-    return tiny_head(target(), draft_vocab=24, seconds=2.0)
+    return tiny_head(target(), draft_vocab=24)
 
 
 @functools.cache
 def fused_head():
-    return tiny_head(target(), draft_vocab=24, seconds=2.0, fused_layers=(1,))
+    return tiny_head(target(), draft_vocab=24, fused_layers=(1,))
 
 
 def drafter(kind: str, use_cache: bool):

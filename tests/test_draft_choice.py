@@ -47,7 +47,7 @@ def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 @pytest.fixture(scope="module")
 def trained(pair: ModelPair):
-    return tiny_head(pair.target.model, draft_vocab=24, seconds=0.5)
+    return tiny_head(pair.target.model, draft_vocab=24, tokens=11_000)
 
 
 def keep_head(pair: ModelPair, head) -> Path:

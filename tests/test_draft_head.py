@@ -39,7 +39,7 @@ def target() -> torch.nn.Module:
 
 @pytest.fixture(scope="module")
 def head(target) -> DraftHead:
-    return tiny_head(target, draft_vocab=24, seconds=2.0)
+    return tiny_head(target, draft_vocab=24)
 
 
 @pytest.fixture(scope="module")

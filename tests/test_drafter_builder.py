@@ -32,7 +32,7 @@ from specrepl.testing import tiny_head
 def head_dir(pair: ModelPair, tmp_path_factory: pytest.TempPathFactory) -> Path:
     target = pair.target.model
     directory = tmp_path_factory.mktemp("head")
-    head = tiny_head(target, draft_vocab=24, seconds=0.5)
+    head = tiny_head(target, draft_vocab=24, tokens=11_000)
     save_head(
         head, directory, {"target": {"name": "tiny", "fingerprint": target_fingerprint(target)}}
     )

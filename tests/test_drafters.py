@@ -41,13 +41,13 @@ def references(target) -> dict[tuple[int, ...], list[int]]:
 @functools.cache
 def trained_head(target):
     """A head trained for two seconds: it drafts right often but not always."""
-    return tiny_head(target, draft_vocab=24, seconds=2.0)
+    return tiny_head(target, draft_vocab=24)
 
 
 @functools.cache
 def trained_fused_head(target):
     """A head that reads the target's layer 1 besides its final hidden state (EAGLE-3)."""
-    return tiny_head(target, draft_vocab=24, seconds=2.0, fused_layers=(1,))
+    return tiny_head(target, draft_vocab=24, fused_layers=(1,))
 
 
 def make_drafter(kind: str, target, use_cache: bool):

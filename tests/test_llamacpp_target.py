@@ -192,7 +192,7 @@ def three_layers(tmp_path_factory: pytest.TempPathFactory):
 
     model = tiny_llama(VOCAB, hidden_size=64, num_layers=3, sharpness=6.0, seed=5)
     path = tiny_gguf(model, tmp_path_factory.mktemp("gguf") / "three.gguf")
-    head = tiny_head(model, draft_vocab=200, seconds=3.0, fused_layers=(1, 2))
+    head = tiny_head(model, draft_vocab=200, tokens=50_000, prompts=256, fused_layers=(1, 2))
     return model, LlamaCppModel(path, context_length=256, threads=1), head
 
 

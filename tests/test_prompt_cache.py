@@ -40,7 +40,7 @@ def drafter_model(target) -> torch.nn.Module:
 
 @pytest.fixture(scope="module")
 def head(target) -> Any:
-    return tiny_head(target, draft_vocab=24, seconds=2.0)
+    return tiny_head(target, draft_vocab=24)
 
 
 def user_turn(turn: int) -> list[int]:

@@ -53,7 +53,7 @@ def static(target) -> StaticTorchModel:
 
 @pytest.fixture(scope="module")
 def head(target):
-    return tiny_head(target, draft_vocab=24, seconds=2.0)
+    return tiny_head(target, draft_vocab=24)
 
 
 def drafter(kind: str, target, head):
