@@ -184,6 +184,22 @@ def test_the_view_maps_held_tokens_to_sequence_positions() -> None:
     assert view.spans == [(0, 3), (8, 9)] and view.tokens == [10, 11, 12, 18]
 
 
+def test_a_view_lets_held_tokens_go_and_keeps_the_others_where_they_are() -> None:
+    view = DraftView()
+    view.extend(0, list(range(100, 110)))
+    view.drop(4, 3)  # a window after the first four
+    assert view.spans == [(0, 4), (7, 10)] and view.tokens == [100, 101, 102, 103, 107, 108, 109]
+    view.extend(10, [110, 111])
+    view.drop(4, 2)  # it slides on
+    assert view.spans == [(0, 4), (9, 12)] and view.tokens == [100, 101, 102, 103, 109, 110, 111]
+    view.drop(2, 3)  # across the gap
+    assert view.spans == [(0, 2), (10, 12)] and view.tokens == [100, 101, 110, 111]
+    view.drop(1, 0)
+    assert view.spans == [(0, 2), (10, 12)]
+    with pytest.raises(ValueError, match="cannot drop 5 of 4"):
+        view.drop(0, 5)
+
+
 def test_the_automatic_window_follows_measured_costs() -> None:
     # four target steps' worth of batched reads, at least MIN_WINDOW
     assert auto_window(0.034, 0.003) == int(4 * 0.034 / 0.003)

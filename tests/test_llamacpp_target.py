@@ -670,11 +670,10 @@ def test_the_warm_up_makes_a_llamacpp_context_for_both_target_runs(embedded_pair
     assert len(target._free[False]) >= 2  # the speculative run's and the target alone's
 
 
-def windowed_copy(tiny, window: int, slack: int | None = None):
+def windowed_copy(tiny, window: int):
     """A copy of the tiny target (its own file) taking the target's keys and
-    values, with `window` held positions (taken again `slack` positions
-    later; default: the window), and a target runtime holding 120 positions
-    of a random sequence of 121 tokens."""
+    values, with `window` held positions, and a target runtime holding 120
+    positions of a random sequence of 121 tokens."""
     from specrepl.engine.drafters.llamacpp import llamacpp_drafter
     from specrepl.engine.drafters.llamacpp_state import probe_state_importer
 
@@ -682,7 +681,6 @@ def windowed_copy(tiny, window: int, slack: int | None = None):
     importer, reason = probe_state_importer(llama.path, llama, context_length=256, threads=1)
     assert importer is not None, reason
     importer.held_window = window
-    importer.held_slack = window if slack is None else slack
     drafter = llamacpp_drafter(importer.llama, importer=importer, held_window=window)
     ids = torch.randint(4, VOCAB, (121,), generator=torch.Generator().manual_seed(5))
     runtime = llama.open()
@@ -690,6 +688,16 @@ def windowed_copy(tiny, window: int, slack: int | None = None):
     drafter.begin(ids, VOCAB)
     drafter.update(ids, 121, target_cache=runtime)
     return drafter, ids, runtime
+
+
+def grown(ids: torch.Tensor, runtime, drafter, more: int, seed: int) -> torch.Tensor:
+    """`ids` and `more` random tokens, the target holding all but the last."""
+    longer = torch.cat(
+        [ids, torch.randint(4, VOCAB, (more,), generator=torch.Generator().manual_seed(seed))]
+    )
+    runtime.score(longer[:-1], 1, VOCAB)
+    drafter.update(longer, len(longer), target_cache=runtime)
+    return longer
 
 
 @pytest.fixture(scope="module")
@@ -701,17 +709,18 @@ def one_layer(tmp_path_factory: pytest.TempPathFactory) -> tuple[torch.nn.Module
     return model, LlamaCppModel(path, context_length=256, threads=1)
 
 
-def test_a_windowed_copy_holds_the_start_and_the_last_positions_moved_together(
+def test_a_windowed_copy_holds_the_start_and_the_last_positions_where_the_target_does(
     one_layer,
 ) -> None:
     """With a held window, a long handover takes the sequence's first
-    SINK_TOKENS and its last `window` positions from the target, moved to
-    follow one another (llama.cpp re-rotates their keys): a one-layer copy
-    then predicts what it predicts after reading those tokens itself, and
-    not what it predicts after reading them at their own positions."""
+    SINK_TOKENS and its last `window` positions from the target, each at its
+    own position (nothing is moved): a one-layer copy then predicts what a
+    copy that read the whole sequence predicts once the positions between are
+    let go, and not what it predicts after reading the held tokens one after
+    another."""
     from specrepl.engine.drafters.draft_view import SINK_TOKENS
-    from specrepl.engine.drafters.llamacpp_kv import cosine, last_logits
-    from specrepl.engine.llamacpp import open_gguf
+    from specrepl.engine.drafters.llamacpp_kv import last_logits
+    from specrepl.engine.llamacpp import import_llamacpp, open_gguf
 
     drafter, ids, _ = windowed_copy(one_layer, 16)
     draft = drafter.propose(ids, 1, GreedyProcessor(), None)
@@ -719,71 +728,77 @@ def test_a_windowed_copy_holds_the_start_and_the_last_positions_moved_together(
     assert drafter.view.spans == [(0, SINK_TOKENS), (104, 121)]
     assert drafter.held() == [*ids[:SINK_TOKENS].tolist(), *ids[104:].tolist()]
     windowed = last_logits(drafter.runtime.llama)
+    library = import_llamacpp()
     own = open_gguf(one_layer[1].path, context_length=256, threads=1)
-    own.eval(drafter.held())
-    assert cosine(windowed, last_logits(own)) > 0.999
-    whole = open_gguf(one_layer[1].path, context_length=256, threads=1)
-    whole.eval(ids.tolist())
-    assert cosine(last_logits(whole), last_logits(own)) < 0.99  # the window changed what it sees
+    own.eval(ids[:120].tolist())
+    library.llama_memory_seq_rm(library.llama_get_memory(own.ctx), 0, SINK_TOKENS, 104)
+    own._batch.set_batch(batch=[int(ids[120])], n_past=120, logits_all=False)
+    own._ctx.decode(own._batch)
+    assert abs(windowed - last_logits(own)).max() < 1e-3
+    moved = open_gguf(one_layer[1].path, context_length=256, threads=1)
+    moved.eval(drafter.held())  # the held tokens one after another
+    assert abs(windowed - last_logits(moved)).max() > 3e-3  # the positions are the target's
 
 
-def test_a_windowed_copy_appends_after_its_window_and_windows_again_past_twice_it(tiny) -> None:
-    """After a windowed handover the copy appends the target's next positions
-    after what it holds; once it would hold more than twice the window it
-    takes the start and the last window again."""
+def test_a_windowed_copy_slides_its_window_on_and_drafts_as_it_would_holding_it(tiny) -> None:
+    """Past its window the copy lets its oldest held positions go and takes
+    only the target's new ones: it holds the start and the last `window`
+    positions, and its drafts are those of a copy that took that window anew."""
     from specrepl.engine.drafters.draft_view import SINK_TOKENS
 
     drafter, ids, runtime = windowed_copy(tiny, 40)
     drafter.propose(ids, 1, GreedyProcessor(), None)
     assert drafter.view.spans == [(0, SINK_TOKENS), (80, 121)]
-    more = torch.cat(
-        [ids, torch.randint(4, VOCAB, (30,), generator=torch.Generator().manual_seed(6))]
-    )
-    runtime.score(more[:150], 1, VOCAB)
-    drafter.update(more, 151, target_cache=runtime)
-    drafter.propose(more, 1, GreedyProcessor(), None)
-    assert drafter.view.spans == [(0, SINK_TOKENS), (80, 151)]
-    assert len(drafter.held()) == SINK_TOKENS + 71
-    longer = torch.cat(
-        [more, torch.randint(4, VOCAB, (40,), generator=torch.Generator().manual_seed(7))]
-    )
-    runtime.score(longer[:190], 1, VOCAB)
-    drafter.update(longer, 191, target_cache=runtime)
-    drafter.propose(longer, 1, GreedyProcessor(), None)
-    assert drafter.view.spans == [(0, SINK_TOKENS), (150, 191)]
+    more = grown(ids, runtime, drafter, 30, seed=6)
+    draft = drafter.propose(more, 4, GreedyProcessor(), None)
+    assert drafter.view.spans == [(0, SINK_TOKENS), (110, 154)]  # the window, three drafts
+    assert draft.imported_tokens == 150 - 121  # only the positions it lacked written
+    anew, _, _ = windowed_copy(tiny, 40)
+    runtime_anew = tiny[1].open()
+    runtime_anew.score(more[:150], 1, VOCAB)
+    anew.begin(more, VOCAB)
+    anew.update(more, 151, target_cache=runtime_anew)
+    again = anew.propose(more, 4, GreedyProcessor(), None)
+    assert anew.view.spans == [(0, SINK_TOKENS), (110, 154)]
+    assert again.imported_tokens == SINK_TOKENS + 150 - 110
+    assert draft.tokens.tolist() == again.tokens.tolist()
 
 
-def test_a_windowed_copy_takes_its_window_again_past_its_slack(tiny) -> None:
-    """With a slack shorter than the window, the copy takes the start and the
-    last window again as soon as it would hold the window and the slack."""
+def test_a_windowed_copy_takes_its_window_anew_past_a_long_unseen_stretch(tiny) -> None:
     from specrepl.engine.drafters.draft_view import SINK_TOKENS
 
-    drafter, ids, runtime = windowed_copy(tiny, 40, slack=10)
+    drafter, ids, runtime = windowed_copy(tiny, 40)
     drafter.propose(ids, 1, GreedyProcessor(), None)
-    assert drafter.view.spans == [(0, SINK_TOKENS), (80, 121)]
-    more = torch.cat(
-        [ids, torch.randint(4, VOCAB, (8,), generator=torch.Generator().manual_seed(6))]
-    )
-    runtime.score(more[:128], 1, VOCAB)
-    drafter.update(more, 129, target_cache=runtime)
-    drafter.propose(more, 1, GreedyProcessor(), None)
-    assert drafter.view.spans == [(0, SINK_TOKENS), (80, 129)]  # 49 held: within the slack
-    longer = torch.cat(
-        [more, torch.randint(4, VOCAB, (6,), generator=torch.Generator().manual_seed(7))]
-    )
-    runtime.score(longer[:134], 1, VOCAB)
-    drafter.update(longer, 135, target_cache=runtime)
-    drafter.propose(longer, 1, GreedyProcessor(), None)
-    assert drafter.view.spans == [(0, SINK_TOKENS), (94, 135)]  # 55 > 40 + 10: the window again
+    longer = grown(ids, runtime, drafter, 60, seed=7)
+    draft = drafter.propose(longer, 1, GreedyProcessor(), None)
+    assert drafter.view.spans == [(0, SINK_TOKENS), (140, 181)]
+    assert draft.imported_tokens == 180 - 140
+    assert drafter.held() == [*longer[:SINK_TOKENS].tolist(), *longer[140:].tolist()]
 
 
-def test_the_slack_is_where_taking_the_window_again_costs_least() -> None:
-    from specrepl.engine.drafters.llamacpp_state import MIN_HELD_SLACK, held_slack
+def test_a_copy_drops_held_positions_and_keeps_the_rest_where_they_are(tiny) -> None:
+    from specrepl.engine.drafters.llamacpp import held_positions
+    from specrepl.engine.drafters.llamacpp_state import probe_state_importer
 
-    # taking a window costs 0.13 s, each position beyond it 8 us a draft: sqrt(2 * 0.13 / 8e-6)
-    assert held_slack(0.13, 8e-6) == 180
-    assert held_slack(0.13, 0.0) == MIN_HELD_SLACK
-    assert held_slack(1e-6, 1e-3) == MIN_HELD_SLACK
+    _, llama = tiny
+    importer, reason = probe_state_importer(llama.path, llama, context_length=256, threads=1)
+    assert importer is not None, reason
+    ids = torch.randint(4, VOCAB, (60,), generator=torch.Generator().manual_seed(9)).tolist()
+    runtime = llama.open()
+    runtime.score(torch.tensor(ids), 1, VOCAB)
+    importer.write(runtime, 40, ids)
+    importer.drop(4, 10)
+    positions = held_positions(importer.llama)
+    assert (positions.gap_at, positions.skipped) == (4, 10)
+    assert importer.llama.input_ids[:30].tolist() == [*ids[:4], *ids[14:40]]
+    importer.append(runtime, 40, 50, ids, held=30)  # continues the gap
+    assert importer.llama.input_ids[:40].tolist() == [*ids[:4], *ids[14:50]]
+    with pytest.raises(ValueError, match="gap"):
+        importer.append(runtime, 52, 55, ids, held=40)  # a second gap
+    with pytest.raises(ValueError, match="gap after 4"):
+        importer.drop(8, 2)
+    importer.append(runtime, 20, 30, ids, held=4)  # the window anew: one gap again
+    assert (positions.gap_at, positions.skipped) == (4, 16)
 
 
 @pytest.mark.parametrize("window", [8, 32])

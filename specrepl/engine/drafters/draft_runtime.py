@@ -18,8 +18,9 @@ target takes the target's keys and values through an `Importer`:
 `TorchImporter` here (`kv_cache.copy_positions`, cast to the copy's dtype),
 `llamacpp_kv.KvImporter` and `llamacpp_state.StateImporter` for llama.cpp.
 They share one shape (`available`, `estimate`, `estimate_append`, `write`,
-`append`, `appends`/`moves`: whether a write can keep what the copy holds,
-and put the target's positions after a window of it, and `fewest_positions`:
+`append`, `appends`/`windows`: whether a write can keep what the copy holds,
+and whether the copy can hold a window of the sequence (the target's
+positions after a gap, `drop` letting the oldest go), and `fewest_positions`:
 the shortest stretch worth a handover rather than a read in the pass the
 drafter runs anyway).
 
@@ -82,7 +83,7 @@ class Importer(Protocol):
     """Writes a target's keys and values into a copy's runtime (see the module docstring)."""
 
     appends: bool
-    moves: bool
+    windows: bool
     fewest_positions: int
 
     def available(self, target_cache: Any) -> int: ...
@@ -95,8 +96,12 @@ class Importer(Protocol):
 
     def append(self, target_cache: Any, start: int, count: int, tokens: list[int]) -> float:
         """Keep the copy's first `start` and take the target's start..count-1
-        (one that `moves` takes `held=`: keep that many instead, and put the
-        positions after them)."""
+        (one that `windows` takes `held=`: keep that many instead, and put the
+        positions after them, where the target holds them)."""
+        ...
+
+    def drop(self, after: int, count: int) -> None:
+        """(One that `windows`:) let the copy's held `after`..`after + count - 1` go."""
         ...
 
 
@@ -163,10 +168,10 @@ class TorchImporter:
     by a `TorchDraftRuntime` (`kv_cache.copy_positions`), in the copy's dtype,
     or in the target's where the copy's tuning says it attends in its cache's
     dtype (`copy_attention.py`: measured cheaper than casting). The copy
-    appends what it lacks; it never moves positions."""
+    appends what it lacks; it holds no window."""
 
     appends = True
-    moves = False
+    windows = False
     fewest_positions = 1
 
     def __init__(self, runtime: TorchDraftRuntime) -> None:

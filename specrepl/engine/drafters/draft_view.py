@@ -82,11 +82,35 @@ class DraftView:
             self.spans.append((start, start + len(tokens)))
         self.tokens.extend(tokens)
 
+    def drop(self, after: int, count: int) -> None:
+        """The cache no longer holds its tokens `after`..`after + count - 1`
+        (a window sliding on: the oldest of its recent positions)."""
+        if not 0 <= after <= after + count <= len(self.tokens):
+            raise ValueError(f"cannot drop {count} of {len(self.tokens)} held tokens after {after}")
+        kept: list[tuple[int, int]] = []
+        index = 0  # of the span's first held token
+        for start, end in self.spans:
+            first = min(max(after - index, 0), end - start)  # this span's held before the drop
+            last = min(max(after + count - index, 0), end - start)  # ... and after it
+            for piece in ((start, start + first), (start + last, end)):
+                if piece[0] == piece[1]:
+                    continue
+                if kept and kept[-1][1] == piece[0]:
+                    kept[-1] = (kept[-1][0], piece[1])
+                else:
+                    kept.append(piece)
+            index += end - start
+        self.spans = kept
+        del self.tokens[after : after + count]
+
 
 class Handover(NamedTuple):
     """A handover of the target's keys and values: its positions start..count-1
-    written after the first `keep` positions the copy holds."""
+    written after the first `keep` positions the copy holds, once the `drop`
+    held after its first `SINK_TOKENS` are let go (a window sliding on; what
+    follows them stays where it is)."""
 
     start: int
     count: int
     keep: int
+    drop: int = 0

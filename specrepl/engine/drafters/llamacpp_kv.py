@@ -226,7 +226,7 @@ class KvImporter:
     `append_seconds` for an append's cost beyond its positions), so the
     drafter can weigh them against reading the unseen tokens itself."""
 
-    moves = False  # positions are written where the target holds them
+    windows = False  # positions are written where the target holds them, from the first
     fewest_positions = 3  # one or two cost a call more than a read in the drafting pass
 
     def __init__(

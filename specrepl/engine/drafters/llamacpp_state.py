@@ -14,7 +14,12 @@ the whole context.
 
 The copy drafts in a context of its own (`StateImporter.llama`: the copy's
 GGUF file opened again, float32 keys and values, two sequences), not in the
-drafter runtime's, whose cache holds float16 keys and values.
+drafter runtime's, whose cache holds float16 keys and values. Every position
+is written where the target holds it: a copy holding a window of a long chat
+(its start, a gap, then its last positions) keeps the window's keys as the
+target rotated them, and slides it on by letting its oldest positions go
+(`drop`), so that no key is rotated again and nothing is written twice (a
+move would make llama.cpp rotate every cell of the context at the next pass).
 `probe_state_importer` checks on random tokens that the copy, after a
 handover (whole, then appended), predicts what it predicts after reading for
 itself; any failure gives no importer, with the reason, and the copy reads as
@@ -25,7 +30,6 @@ This module knows nothing about drafting policies, torch targets or settings.
 
 from __future__ import annotations
 
-import math
 import time
 from pathlib import Path
 from typing import Any, Protocol
@@ -33,6 +37,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
+from specrepl.engine.drafters.llamacpp import held_positions
 from specrepl.engine.drafters.llamacpp_kv import cosine, last_logits
 from specrepl.engine.llamacpp import LlamaCppUnavailable, import_llamacpp, open_gguf
 
@@ -55,10 +60,6 @@ heads and float32 keys and values), while the rest is its cheap 4-bit pass."""
 MIN_HELD_WINDOW = 256
 """The fewest positions a windowed copy holds (besides the chat's start)."""
 
-MIN_HELD_SLACK = 32
-"""The fewest positions a windowed copy takes beyond its window before it
-takes its window again (`held_slack`)."""
-
 
 class SequenceStates(Protocol):
     """What a target runtime gives the importer (`LlamaCppRuntime` does)."""
@@ -75,24 +76,26 @@ class StateImporter:
     """Writes a llama.cpp target's keys and values into the copy's context `llama`.
 
     `write` makes the copy hold the first `count` positions; `append` keeps
-    the first `start` it holds and adds start..count-1. Both are timed at
-    every call (`seconds_per_position`, `append_seconds` beyond the
-    positions) so that the drafter (`model.ModelDrafter`) can weigh a handover against a read.
+    the first `start` it holds and adds start..count-1; `drop` lets held
+    positions go. Writes are timed at every call (`seconds_per_position`,
+    `append_seconds` beyond the positions) so that the drafter
+    (`model.ModelDrafter`) can weigh a handover against a read. Where the
+    copy's tokens sit is the binding's `llamacpp.held_positions` record,
+    which its draft runtime feeds by.
     """
 
     appends = True
-    moves = True  # `append(..., held=)` puts positions after a window the copy holds
+    windows = True
+    """`append(..., held=)` can put the target's positions after a gap, and
+    `drop` lets go of held ones: the copy can hold a window of a long chat."""
     fewest_positions = 3  # one or two cost a call more than a read in the drafting pass
-    """`append` can put the target's positions after a window the copy holds."""
 
     def __init__(self, llama: Any, *, seconds_per_position: float) -> None:
         self.llama = llama
+        self.positions = held_positions(llama)
         self.seconds_per_position = seconds_per_position
         self.held_window: int | None = None
         """Positions a windowed copy holds (`measure_held_window`; None: all)."""
-        self.held_slack: int | None = None
-        """Positions a windowed copy may hold beyond `held_window` before it
-        takes its window again (`measure_held_window`)."""
         self.append_seconds = 0.0
         self._library = import_llamacpp()
         self._memory = self._library.llama_get_memory(llama.ctx)
@@ -112,6 +115,7 @@ class StateImporter:
         self._check(target, 0, count, tokens)
         started = time.perf_counter()
         self.llama.n_tokens = 0
+        self.positions.cut(0)
         self._library.llama_memory_seq_rm(self._memory, 0, -1, -1)
         self._set(target, 0, count, 0)
         self.llama.input_ids[:count] = tokens[:count]
@@ -132,28 +136,34 @@ class StateImporter:
     ) -> float:
         """Keep the copy's first `held` positions (default `start`: the copy
         holds `tokens[:start]`) and add the target's start..count-1 after
-        them. Where `held` differs from `start` (a windowed view: what the copy
-        holds is not the sequence's prefix) the added keys are moved to the
-        copy's positions (`llama_memory_seq_add`, which re-rotates them).
-        RuntimeError where llama.cpp refuses the state (the copy then holds
-        its first `held`)."""
+        them, where the target holds them. Where `held` differs from `start`
+        (a window: what the copy holds is not the sequence's prefix) a gap
+        is left after the first `held`; a copy already holding a gap before
+        them must continue it. RuntimeError where llama.cpp refuses the
+        state (the copy then holds its first `held`)."""
         self._check(target, start, count, tokens)
         held = start if held is None else held
         if start == 0 and held == 0:
             return self.write(target, count, tokens)
+        positions = self.positions
+        positions.cut(held)
+        if positions.skipped and positions.position(held) != start:
+            raise ValueError(
+                f"positions {start}.. cannot follow the {held} held: the copy holds a gap before"
+            )
         started = time.perf_counter()
         library = self._library
-        library.llama_memory_seq_rm(self._memory, 0, held, -1)
+        library.llama_memory_seq_rm(self._memory, 0, positions.position(held), -1)
         self.llama.n_tokens = held
         try:
             self._set(target, start, count, 1)
         except RuntimeError:
             library.llama_memory_seq_rm(self._memory, 1, -1, -1)
             raise
-        if held != start:
-            library.llama_memory_seq_add(self._memory, 1, start, count, held - start)
         library.llama_memory_seq_cp(self._memory, 1, 0, -1, -1)
         library.llama_memory_seq_rm(self._memory, 1, -1, -1)
+        if not positions.skipped and start != held:  # a gap here (else the one before goes on)
+            positions.gap_at, positions.skipped = held, start - held
         end = held + count - start
         self.llama.input_ids[held:end] = tokens[start:count]
         self.llama.n_tokens = end
@@ -161,6 +171,24 @@ class StateImporter:
         beyond = max(0.0, seconds - (count - start) * self.seconds_per_position)
         self.append_seconds = 0.7 * self.append_seconds + 0.3 * beyond
         return seconds
+
+    def drop(self, after: int, count: int) -> None:
+        """Let the copy's held positions `after`..`after + count - 1` go; those
+        after them stay where they are (a window sliding on). A copy holding
+        a gap must drop right after it."""
+        positions, held = self.positions, self.llama.n_tokens
+        if not 0 <= after <= after + count <= held:
+            raise ValueError(f"cannot drop {count} of {held} held positions after {after}")
+        if positions.skipped and positions.gap_at != after:
+            raise ValueError(f"the copy holds a gap after {positions.gap_at}, not {after}")
+        if count == 0:
+            return
+        first = positions.position(after)
+        self._library.llama_memory_seq_rm(self._memory, 0, first, first + count)
+        ids = self.llama.input_ids
+        ids[after : held - count] = ids[after + count : held].copy()
+        self.llama.n_tokens = held - count
+        positions.gap_at, positions.skipped = after, positions.skipped + count
 
     def measure_held_window(self, target: SequenceStates, tokens: list[int]) -> str:
         """Time the copy's one-token step holding `PROBE_TOKENS` positions and
@@ -171,7 +199,7 @@ class StateImporter:
         held = PROBE_TOKENS
         limit = min(HELD_PROBE, int(self.llama.n_ctx()) - 2 * PROBE_TOKENS)
         while held + PROBE_TOKENS <= limit:
-            self.append(target, 0, PROBE_TOKENS, tokens, held=held)
+            self._stack(target, held)
             held += PROBE_TOKENS
         long = self._step_seconds(tokens[PROBE_TOKENS])
         self.llama.n_tokens = 0
@@ -183,13 +211,22 @@ class StateImporter:
         if per_position <= 0 or rest <= 0:
             return "holds the whole chat (its attention cost too little to time)"
         self.held_window = max(MIN_HELD_WINDOW, int(ATTENTION_SHARE * rest / per_position))
-        self.held_slack = held_slack(self.estimate(self.held_window), per_position)
-        self.held_slack = min(self.held_slack, self.held_window)
         return (
-            f"holds the chat's start and its last {self.held_window} positions, and takes"
-            f" them again {self.held_slack} positions later (a step: {rest * 1e3:.1f} ms"
-            f" + {per_position * 1e6:.1f} us a held position)"
+            f"holds the chat's start and its last {self.held_window} positions"
+            f" (a step: {rest * 1e3:.1f} ms + {per_position * 1e6:.1f} us a held position)"
         )
+
+    def _stack(self, target: SequenceStates, held: int) -> None:
+        """The target's first `PROBE_TOKENS` positions once more after the
+        `held` the copy holds, moved there (llama.cpp rotates their keys): only
+        to time attention over many positions, whatever they hold."""
+        library = self._library
+        library.llama_memory_seq_rm(self._memory, 0, held, -1)
+        self._set(target, 0, PROBE_TOKENS, 1)
+        library.llama_memory_seq_add(self._memory, 1, 0, PROBE_TOKENS, held)
+        library.llama_memory_seq_cp(self._memory, 1, 0, -1, -1)
+        library.llama_memory_seq_rm(self._memory, 1, -1, -1)
+        self.llama.n_tokens = held + PROBE_TOKENS
 
     def _step_seconds(self, token: int, repeats: int = 7) -> float:
         """Seconds of one token fed after what the copy holds: the least of
@@ -219,19 +256,6 @@ class StateImporter:
             if sequence == 0:
                 self.llama.n_tokens = 0
             raise RuntimeError(f"llama.cpp took {read} of {size} bytes of keys and values")
-
-
-def held_slack(window_seconds: float, seconds_per_held: float) -> int:
-    """How far past its window a copy drafts before taking the window again:
-    taking it costs `window_seconds` (the window's positions written), and
-    each position held beyond the window adds `seconds_per_held` to every
-    draft. About one draft is made per position the chat advances, so over a
-    slack of s positions the extra attention costs seconds_per_held * s^2 / 2;
-    with the taking spread over them, the cost per position is least at
-    s = sqrt(2 * window_seconds / seconds_per_held)."""
-    if seconds_per_held <= 0:
-        return MIN_HELD_SLACK
-    return max(MIN_HELD_SLACK, int(math.sqrt(2 * window_seconds / seconds_per_held)))
 
 
 def _held_window(importer: StateImporter, runtime: SequenceStates, tokens: list[int]) -> str:

@@ -80,14 +80,14 @@ class ModelDrafter(Drafter):
     importer appends, only the positions after those it holds are written (a
     chat's new turn), else the whole sequence. It then reads only the last
     token. The read window does not apply; `held_window` (default: the
-    importer's own, for one that `moves` positions) bounds instead what the
-    copy holds: a handover that would leave it holding more than that and the
-    importer's `held_slack` (measured: where taking the window again costs
-    least against the attention over what it holds beyond; default: the
-    window) keeps the first `SINK_TOKENS` and takes the last `held_window`
-    positions after them, so that attention over a long chat does not make
-    every draft dear. The first step of a generation is the target's own prompt pass, so
-    a copy has the target's keys and values before it drafts.
+    importer's own, for one that `windows`) bounds instead what the copy
+    holds, so that attention over a long chat does not make every draft
+    dear: a handover that would leave it holding more keeps the sequence's
+    first `SINK_TOKENS` and the last `held_window` positions, where the
+    target holds them, letting the oldest it held go (the window slides on)
+    or, past a long unseen stretch, taking the window anew. The first step
+    of a generation is the target's own prompt pass, so a copy has the
+    target's keys and values before it drafts.
     """
 
     def __init__(
@@ -117,13 +117,11 @@ class ModelDrafter(Drafter):
         self.uses_target_features = False
         self._target_cache: Any = None  # the target's, between `update` and the next draft
         self.window = None if importer is not None else window
-        if importer is None or not importer.moves:
+        if importer is None or not importer.windows:
             held_window = None
         elif held_window is None:
             held_window = getattr(importer, "held_window", None)  # measured at its probe
         self.held_window = held_window
-        slack = getattr(importer, "held_slack", None) if held_window is not None else None
-        self.held_slack = held_window if slack is None else slack
         self.name = name
         self.width = runtime.width
         self.vocab_size = self.width
@@ -208,9 +206,8 @@ class ModelDrafter(Drafter):
         less than the read. Where the importer appends and the drafter holds a prefix of
         `ids` (or, with `held_window`, any view), only what follows it is
         written. With `held_window`, a handover that would leave the copy
-        holding more than the window and its `held_slack` keeps the
-        sequence's first `SINK_TOKENS` and takes its last `held_window`
-        positions after them."""
+        holding more than the window keeps the sequence's first
+        `SINK_TOKENS` and its last `held_window` positions (`_windowed`)."""
         if self.importer is None or self._target_cache is None:
             return NO_HANDOVER
         count = min(self.importer.available(self._target_cache), len(ids) - 1)
@@ -220,7 +217,7 @@ class ModelDrafter(Drafter):
             return NO_HANDOVER
         if self.held_window is not None:
             held = len(self.view.tokens)
-            if held + unseen > SINK_TOKENS + self.held_window + (self.held_slack or 0):
+            if held + unseen > SINK_TOKENS + self.held_window:
                 return self._windowed(count, unseen)
             start, keep = covered, held
         else:
@@ -233,11 +230,25 @@ class ModelDrafter(Drafter):
 
     def _windowed(self, count: int, unseen: int) -> Handover:
         """The handover that leaves the copy holding the sequence's first
-        `SINK_TOKENS` and the target's last `held_window` of `count` positions."""
+        `SINK_TOKENS` and the target's last `held_window` of `count`
+        positions: where the copy holds the sinks and, after them, a
+        stretch that reaches into the new window, it lets that stretch's
+        older positions go and takes only what follows it; else it keeps the
+        sinks (where held) and takes the whole window."""
         assert self.held_window is not None
         start = max(SINK_TOKENS, count - self.held_window)
-        first = self.view.spans[0] if self.view.spans else (0, 0)
+        spans = self.view.spans
+        first = spans[0] if spans else (0, 0)
         keep = SINK_TOKENS if first[0] == 0 and first[1] >= SINK_TOKENS else 0
+        recent = None  # the stretch held after the sinks
+        if keep and len(spans) == 1:
+            recent = (SINK_TOKENS, first[1])
+        elif keep and len(spans) == 2 and first == (0, SINK_TOKENS):
+            recent = spans[1]
+        if recent is not None and recent[0] <= start <= recent[1]:
+            if not self.import_pays(count - recent[1], unseen, append=True):
+                return NO_HANDOVER
+            return Handover(recent[1], count, SINK_TOKENS + recent[1] - start, start - recent[0])
         written = count - start + (SINK_TOKENS - keep)
         if not self.import_pays(written, unseen, append=keep > 0):
             return NO_HANDOVER
@@ -263,15 +274,18 @@ class ModelDrafter(Drafter):
     def _import(self, ids: list[int]) -> tuple[int, float]:
         """Take the target's keys and values where that pays (`_importable`);
         returns the positions written and the seconds taken."""
-        start, count, keep = self._importable(ids)
+        start, count, keep, drop = self._importable(ids)
         if count <= 0:
             return 0, 0.0
         importer = self.importer
         assert importer is not None
-        if not importer.moves:
+        if not importer.windows:
             return self._import_prefix(ids, start, count)
         written, seconds = 0, 0.0
         try:
+            if drop:  # the window slides on: its oldest positions go
+                importer.drop(SINK_TOKENS, drop)
+                self.view.drop(SINK_TOKENS, drop)
             if 0 == keep < start:  # the first handover of a window: the sinks first
                 keep = min(SINK_TOKENS, start)
                 seconds += importer.write(self._target_cache, keep, ids)
