@@ -259,6 +259,23 @@ def test_one_model_in_both_roles_is_timed_once(monkeypatch) -> None:
     assert pair.drafter.tuning.plan is not None
 
 
+def test_a_model_off_the_cpu_is_never_timed(monkeypatch) -> None:
+    """On a GPU a pass costs about the same at every width: bench and the REPL
+    alike leave such a model untimed (its record says where it runs)."""
+    model = tiny_llama(32, seed=0)
+    pair = ModelPair.from_models(model, perturbed_copy(model, 0.1, seed=1), tiny_tokenizer(32))
+    pair.target.device = torch.device("cuda")
+
+    def no_measuring(*args, **kwargs):
+        raise AssertionError("a model off the CPU was timed")
+
+    monkeypatch.setattr(widths, "measure_width_samples", no_measuring)
+    with pytest.raises(AssertionError, match="off the CPU"):
+        width_plans.tune_pair_widths(pair, 3, roles=("drafter",))  # the CPU drafter still is
+    assert width_plans.tune_pair_widths(pair, 3, roles=("target",)) == {}
+    assert pair.target.tuning.plan is None
+
+
 def test_only_the_roles_asked_for_are_timed(monkeypatch) -> None:
     model = tiny_llama(32, seed=0)
     pair = ModelPair.from_models(model, perturbed_copy(model, 0.1, seed=1), tiny_tokenizer(32))

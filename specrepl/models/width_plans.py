@@ -16,8 +16,8 @@ where the memory allows a packed copy, dropped again when no width is
 faster with it; recorded in its tuning, whose packed copies and attention
 the timed passes use; a plan may pack prompt-sized passes only). A stored
 plan that uses the packed copy while the memory no longer allows one is
-measured again. This module knows nothing about decoding, settings or the
-terminal.
+measured again. Only models on a CPU are timed. This module knows nothing
+about decoding, settings or the terminal.
 """
 
 from __future__ import annotations
@@ -62,7 +62,10 @@ def tune_pair_widths(
     torch model does not run, as when llama.cpp drafts: it is not loaded again
     for it). A model that is split or offloaded (`LoadedModel.offloaded`) is
     never timed: it runs every pass stock, and the gamma policy prices its
-    steps from what they measure while it decodes."""
+    steps from what they measure while it decodes. Nor is a model on a GPU
+    or another accelerator: there a pass costs about the same at every
+    width (its kernels' launches, not the rows, set its price), so padding
+    gains nothing, and timing it would only delay the first answer."""
     unknown = set(roles) - set(ROLES)
     if unknown:
         raise ValueError(f"roles are {' and '.join(ROLES)}, got {sorted(unknown)}")
@@ -73,6 +76,7 @@ def tune_pair_widths(
     # a split or offloaded model runs stock: its weights are brought in by
     # accelerate's hooks for each pass, which the forms and packed copies would not see
     loaded = {role: model for role, model in loaded.items() if not model.offloaded}
+    loaded = {role: model for role, model in loaded.items() if model.device.type == "cpu"}
     if not loaded:
         return {}
     max_width = max_gamma + 1
