@@ -7,12 +7,15 @@ application imports this module.
 
 from __future__ import annotations
 
+import os
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+from torch.overrides import TorchFunctionMode
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 SPECIAL_TOKENS = ("<unk>", "<s>", "<|im_start|>", "<|im_end|>")
@@ -181,6 +184,59 @@ def interrupt_on_call(model: torch.nn.Module, call: int) -> Iterator[None]:
         yield
     finally:
         handle.remove()
+
+
+HOST_READS = frozenset(
+    ("item", "tolist", "__bool__", "__int__", "__index__", "__float__", "numpy", "__format__")
+)
+"""The tensor methods that bring a value back to the host: on a GPU each waits
+for the device's queue (a synchronisation)."""
+
+
+class HostReads(TorchFunctionMode):
+    """Counts, while active, the reads of a tensor's values back to the host
+    (`HOST_READS`) made by specrepl's own code (the line that calls them, not
+    torch's or transformers' internals). On a CPU they cost nothing; each is a
+    wait for the device on a GPU, so the count shows, on a CPU, how often a run
+    would wait there. Each read is kept with the specrepl modules on the
+    stack when it was made, innermost first (`stacks`), so that a read a
+    drafter makes through a shared helper can be told from the loop's."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stacks: list[tuple[str, ...]] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        if getattr(func, "__name__", "") in HOST_READS:
+            modules = []
+            frame = sys._getframe(1)
+            while frame is not None:
+                path = frame.f_code.co_filename
+                if PACKAGE_MARK in path and TORCH_MARK not in path:
+                    modules.append(path.rsplit(PACKAGE_MARK, 1)[1].replace(os.sep, "/"))
+                frame = frame.f_back
+            if modules:
+                self.stacks.append(tuple(modules))
+        return func(*args, **(kwargs or {}))
+
+    def made_in(self, *modules: str, outside: tuple[str, ...] = ()) -> int:
+        """Reads made by a line of one of `modules` (paths under `specrepl/`, e.g.
+        "engine/steps.py"), leaving out those made while a module whose path
+        starts with one of `outside` (e.g. "engine/drafters/") was running."""
+        return sum(
+            1
+            for stack in self.stacks
+            if stack[0] in modules
+            and not any(module.startswith(outside) for module in stack if outside)
+        )
+
+    @property
+    def total(self) -> int:
+        return len(self.stacks)
+
+
+PACKAGE_MARK = f"{os.sep}specrepl{os.sep}"
+TORCH_MARK = f"{os.sep}torch{os.sep}"
 
 
 def visible_state(model: torch.nn.Module) -> dict[str, Any]:

@@ -25,7 +25,7 @@ from specrepl.engine.gamma import make_policy
 from specrepl.engine.generation import autoregressive_generate, speculative_generate
 from specrepl.models.pair import ModelPair
 from specrepl.store.paths import draft_choices_file, kept_heads_dir
-from specrepl.testing import perturbed_copy, tiny_head, tiny_llama, tiny_tokenizer
+from specrepl.testing import HostReads, perturbed_copy, tiny_head, tiny_llama, tiny_tokenizer
 from specrepl.train.accumulate import AnswerRecipe, accumulate_answers, answer_batch_for
 from specrepl.train.distill import open_data, training_records
 from specrepl.train.training import TrainSettings, train_head
@@ -204,3 +204,21 @@ def test_the_compiled_static_runtime_gives_the_targets_text_on_the_gpu() -> None
                 max_gen_len=40,
             )
             assert result.token_ids == reference, (kind, gamma, prompt)
+
+
+@pytest.mark.parametrize("kind", ["alone", "lookup", "model"])
+def test_the_loop_reads_back_from_the_gpu_once_a_step(kind: str) -> None:
+    """The loop's own reads back from the GPU (each a wait for its queue): one a
+    step, the verification's, as on a CPU (tests/test_device_reads.py); the
+    clock's stamps are CUDA events, waited for once a step."""
+    loop = ("engine/steps.py", "engine/verification.py", "engine/processors.py",
+            "engine/clock.py", "engine/generation.py")  # fmt: skip
+    with HostReads() as counted:
+        if kind == "alone":
+            result = autoregressive_generate(PROMPTS[0], target(), max_gen_len=24)
+        else:
+            result = speculative_generate(
+                PROMPTS[0], drafter(kind, True), target(), gamma=4, max_gen_len=24
+            )
+    assert counted.made_in(*loop, outside=("engine/drafters/",)) == result.steps
+    assert result.target_seconds > 0

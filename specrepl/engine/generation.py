@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterable, Iterator
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from specrepl.engine.clock import Clock
 from specrepl.engine.drafters.base import Drafter
 from specrepl.engine.drafters.model import as_drafter
 from specrepl.engine.gamma import FixedGamma, GammaPolicy
@@ -37,7 +38,7 @@ from specrepl.engine.results import (
 )
 from specrepl.engine.runtime import FeaturesUnavailable, ModelRuntime, RunnableModel, as_runnable
 from specrepl.engine.signals import raise_lost_signal, signals_received
-from specrepl.engine.steps import Clock, decode_steps
+from specrepl.engine.steps import decode_steps
 from specrepl.engine.tuning import Tuning
 
 __all__ = [

@@ -41,6 +41,8 @@ __all__ = [
     "TopKProcessor",
     "UnusableLogitsError",
     "make_processor",
+    "unread_usable_logits",
+    "unusable_logits_error",
     "usable_logits",
 ]
 
@@ -77,16 +79,8 @@ def usable_logits(logits: torch.Tensor) -> torch.Tensor:
     logits = logits.float()
     finite = torch.isfinite(logits)
     if not bool(finite.all()):
-        usable = finite.any(dim=-1)
-        if not bool(usable.all()):
-            bad = int((~usable).sum())
-            all_nan = bool(torch.isnan(logits)[~usable].all())
-            raise UnusableLogitsError(
-                f"the model's logits are unusable: {bad} of {usable.numel()} positions"
-                f" {'has' if bad == 1 else 'have'} no finite logit"
-                f" ({'all NaN' if all_nan else 'only NaN or infinite values'});"
-                " a half-precision model may have overflowed"
-            )
+        if not bool(finite.any(dim=-1).all()):
+            raise unusable_logits_error(logits)
         logits = logits.masked_fill(torch.isnan(logits), -math.inf)
         overflow = (logits == math.inf).any(dim=-1, keepdim=True)
         if bool(overflow.any()):
@@ -95,10 +89,43 @@ def usable_logits(logits: torch.Tensor) -> torch.Tensor:
     return logits - logits.amax(dim=-1, keepdim=True)
 
 
+def unread_usable_logits(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`usable_logits` without reading anything back from the logits' device:
+    the logits resolved as it resolves them, and a one-element bool tensor on
+    that device saying whether every row had a finite logit (where it does not,
+    the caller raises `unusable_logits_error`, after the one read of its step)."""
+    logits = logits.float()
+    usable = torch.isfinite(logits).any(dim=-1).all()
+    logits = logits.masked_fill(torch.isnan(logits), -math.inf)
+    infinite = logits == math.inf
+    overflow = infinite.any(dim=-1, keepdim=True)
+    logits = torch.where(overflow, torch.where(infinite, 0.0, -math.inf), logits)
+    return logits - logits.amax(dim=-1, keepdim=True), usable
+
+
+def unusable_logits_error(logits: torch.Tensor) -> UnusableLogitsError:
+    """The error for logits with a row that has no finite value (said how many, and why)."""
+    usable = torch.isfinite(logits).any(dim=-1)
+    bad = int((~usable).sum())
+    all_nan = bool(torch.isnan(logits)[~usable].all())
+    return UnusableLogitsError(
+        f"the model's logits are unusable: {bad} of {usable.numel()} positions"
+        f" {'has' if bad == 1 else 'have'} no finite logit"
+        f" ({'all NaN' if all_nan else 'only NaN or infinite values'});"
+        " a half-precision model may have overflowed"
+    )
+
+
 def _softmax(logits: torch.Tensor) -> torch.Tensor:
     """Softmax of logits whose row maxima are 0 (so every row sums to at least 1 before
     normalising: never a division by zero, never NaN)."""
     return torch.softmax(logits, dim=-1)
+
+
+def _point_masses(logits: torch.Tensor) -> torch.Tensor:
+    """A one-hot row at each row's argmax (greedy decoding's law)."""
+    top = torch.argmax(logits, dim=-1, keepdim=True)
+    return torch.zeros_like(logits).scatter_(-1, top, 1.0)
 
 
 def _scale(logits: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -154,6 +181,13 @@ class LogitsProcessor(ABC):
         """
         return _softmax(self._transform(usable_logits(logits)))
 
+    def unread_probabilities(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """`probabilities` without reading back from the device (`unread_usable_logits`):
+        the distributions and whether every row was usable (a one-element bool
+        tensor; rows that were not hold no distribution)."""
+        usable_rows, usable = unread_usable_logits(logits)
+        return _softmax(self._transform(usable_rows)), usable
+
     def sample(self, probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
         """One token id per row of `probs` (shape `probs.shape[:-1]`)."""
         flat = probs.reshape(-1, probs.shape[-1])
@@ -181,9 +215,11 @@ class GreedyProcessor(LogitsProcessor):
         return logits.clone()
 
     def probabilities(self, logits: torch.Tensor) -> torch.Tensor:
-        logits = usable_logits(logits)
-        top = torch.argmax(logits, dim=-1, keepdim=True)
-        return torch.zeros_like(logits).scatter_(-1, top, 1.0)
+        return _point_masses(usable_logits(logits))
+
+    def unread_probabilities(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        usable_rows, usable = unread_usable_logits(logits)
+        return _point_masses(usable_rows), usable
 
     def sample(self, probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
         return torch.argmax(probs, dim=-1)

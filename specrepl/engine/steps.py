@@ -6,54 +6,33 @@ offers, the drafter proposes up to gamma tokens, the target scores the
 sequence plus the drafts in one pass of its runtime (`runtime.py`: torch,
 llama.cpp), `verification.py` decides what to keep, the target's runtime is
 rolled back to it, and the drafter is told what stayed valid. Each step yields a
-`StepEvent`. The first step of a generation is the target's prompt pass
-alone, so the first token comes at the target's own pace.
+`StepEvent`, timed by `clock.Clock`. The loop reads back from the target's
+device once a step (the verification's verdict: how many drafts stay, the
+target's token and the drafts as host integers); the new token joins the
+sequence on the device, and the clock waits on a GPU for no stamp but the
+step's last. A drafter's own reads are its business. The first step of a
+generation is the target's prompt pass alone, so the first token comes at the
+target's own pace.
 
 This module never prints and knows nothing about tokenizers or chat templates.
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Generator, Sequence
+from collections.abc import Generator
 from dataclasses import dataclass, replace
 
 import torch
 
-from specrepl.engine.devices import synchronize
+from specrepl.engine.clock import Clock, Stamp
 from specrepl.engine.drafters.base import Draft, Drafter
 from specrepl.engine.gamma import Choice, GammaPolicy
 from specrepl.engine.processors import LogitsProcessor
 from specrepl.engine.results import BUDGET_END, PROMPT_PASS, StepEvent, StopReason
 from specrepl.engine.runtime import ModelRuntime
-from specrepl.engine.verification import verify_greedy, verify_sampling
+from specrepl.engine.verification import Verdict, greedy_verdict, sampling_verdict
 
-__all__ = ["Clock", "decode_steps"]
-
-
-class Clock:
-    """Wall time spent inside the generator, excluding the consumer's time
-    between steps; synchronizes the devices that ran (every device of a model
-    split over several) before every reading."""
-
-    def __init__(self, devices: torch.device | Sequence[torch.device]) -> None:
-        self.devices = (devices,) if isinstance(devices, torch.device) else tuple(devices)
-        self.active = 0.0
-        self.resumed = 0.0
-
-    def now(self) -> float:
-        for device in self.devices:
-            synchronize(device)
-        return time.perf_counter()
-
-    def resume(self) -> float:
-        self.resumed = self.now()
-        return self.resumed
-
-    def pause(self) -> float:
-        stamp = self.now()
-        self.active += stamp - self.resumed
-        return stamp
+__all__ = ["Clock", "decode_steps"]  # Clock is clock's, named here as before it moved
 
 
 @dataclass(frozen=True)
@@ -95,16 +74,18 @@ def decode_steps(
         drafted = clock.now()
         scored = _score(target, sequence, draft, vocab_size, drafter)
         verified = clock.now()
-        accepted, token = _verify(draft, scored.logits, logits_processor, generator, vocab_size)
-        appended, stop = _up_to_end([*draft.tokens[:accepted].tolist(), token], end_tokens)
+        verdict = _verify(draft, scored.logits, logits_processor, generator, vocab_size)
+        accepted = verdict.accepted
+        appended, stop = _up_to_end([*verdict.drafts[:accepted], verdict.token], end_tokens)
         length = sequence.shape[0]
-        sequence = torch.cat((scored.candidate[: length + accepted], sequence.new_tensor([token])))
+        kept = scored.candidate[: length + accepted]
+        sequence = torch.cat((kept, verdict.token_tensor.to(kept.device)))
         sequence = sequence[: length + len(appended)]
         target.rollback_to(length + accepted)
         _update_drafter(drafter, sequence, length + accepted, scored, target, len(appended))
         generated += len(appended)
         clock.pause()
-        event = _event(choice, draft, accepted, appended, (started, drafted, verified), clock)
+        event = _event(choice, draft, verdict, appended, (started, drafted, verified), clock)
         policy.observe(event)
         yield event
         clock.resume()
@@ -177,15 +158,18 @@ def _verify(
     processor: LogitsProcessor,
     generator: torch.Generator | None,
     vocab_size: int,
-) -> tuple[int, int]:
-    """How many drafts the target keeps and the token it adds after them."""
+) -> Verdict:
+    """How many drafts the target keeps and the token it adds after them, read
+    back from the device once (the step's one wait for it)."""
     if processor.is_greedy:
-        return verify_greedy(draft.tokens, logits)
-    target_probs = processor.probabilities(logits)
+        return greedy_verdict(draft.tokens, logits)
+    target_probs, usable = processor.unread_probabilities(logits)
     draft_probs = draft.probs
-    if draft_probs is None:  # a deterministic drafter: a point mass q
-        draft_probs = torch.nn.functional.one_hot(draft.tokens, vocab_size).float()
-    return verify_sampling(draft.tokens, draft_probs, target_probs, generator)
+    if draft_probs is None:  # a deterministic drafter: a point mass q (no check read back)
+        point = draft.tokens.unsqueeze(1)
+        draft_probs = torch.zeros(len(draft), vocab_size, device=point.device)
+        draft_probs.scatter_(1, point, 1.0)
+    return sampling_verdict(draft.tokens, draft_probs, target_probs, generator, usable, logits)
 
 
 def _up_to_end(
@@ -221,20 +205,20 @@ def _update_drafter(
 def _event(
     choice: Choice,
     draft: Draft,
-    accepted: int,
+    verdict: Verdict,
     appended: list[int],
-    stamps: tuple[float, float, float],
+    stamps: tuple[Stamp, Stamp, Stamp],
     clock: Clock,
 ) -> StepEvent:
     """The step's event; `stamps` are the clock at its start, after drafting
-    and after the target's pass."""
+    and after the target's pass (read once the clock has paused)."""
     started, drafted, verified = stamps
     return StepEvent(
-        drafts=tuple(draft.tokens.tolist()),
-        accepted=accepted,
+        drafts=tuple(verdict.drafts),
+        accepted=verdict.accepted,
         appended=tuple(appended),
-        draft_seconds=drafted - started,
-        target_seconds=verified - drafted,
+        draft_seconds=clock.seconds(started, drafted),
+        target_seconds=clock.seconds(drafted, verified),
         seconds_since_start=clock.active,
         requested_gamma=choice.gamma,
         source=choice.source if len(draft) else "",

@@ -17,31 +17,76 @@ they return the number of accepted drafts and the target's token.
 
 Numerics: the acceptance test is written without p / q (a draft the drafter
 gave probability 0 is kept iff p > 0), the residual is only normalised when it
-has mass, and every token drawn has p > 0. Greedy verification reads the
-target's logits through `usable_logits`: a NaN is never the argmax, and a
-position with no finite logit raises `UnusableLogitsError`.
+has mass, and every token drawn has p > 0. Greedy verification never takes a
+NaN for the argmax, and a position with no finite logit raises
+`UnusableLogitsError`.
+
+One read a step: `greedy_verdict` and `sampling_verdict` decide on the
+logits' device and bring back, in one read, the number kept, the target's
+token and the drafts as host integers (a `Verdict`), with the token also left
+on the device for the sequence; on a GPU that read is the step's one wait for
+the device. `verify_greedy` and `verify_sampling` are the same decisions,
+returning the two numbers.
 """
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
+
 import torch
 
-from specrepl.engine.processors import usable_logits
+from specrepl.engine.processors import unusable_logits_error
 
-__all__ = ["residual_distribution", "verify_greedy", "verify_sampling"]
+__all__ = [
+    "Verdict",
+    "greedy_verdict",
+    "residual_distribution",
+    "sampling_verdict",
+    "verify_greedy",
+    "verify_sampling",
+]
 
 
-def verify_greedy(drafts: torch.Tensor, target_logits: torch.Tensor) -> tuple[int, int]:
+@dataclass(frozen=True)
+class Verdict:
+    """What verification decided, read back in one go."""
+
+    accepted: int
+    """How many drafts the target keeps."""
+    token: int
+    """The token the target adds after them."""
+    drafts: list[int]
+    """Every draft, as host integers."""
+    token_tensor: torch.Tensor
+    """`token` as a (1,) tensor on the logits' device, never read back."""
+
+
+def greedy_verdict(drafts: torch.Tensor, target_logits: torch.Tensor) -> Verdict:
     """Exact greedy check: accept while draft == argmax of the target.
 
     `drafts`: (gamma,) token ids; `target_logits`: (gamma + 1, vocab), any float dtype.
-    Raises UnusableLogitsError when a position has no finite logit.
-    """
-    choices = torch.argmax(usable_logits(target_logits), dim=-1)
+    A NaN is never the argmax; a +inf is (the first). Raises UnusableLogitsError
+    when a position has no finite logit."""
+    logits = target_logits.float()
+    usable = torch.isfinite(logits).any(dim=-1)
+    choices = torch.argmax(logits.masked_fill(torch.isnan(logits), -math.inf), dim=-1)
+    choices = torch.where(usable, choices, -1)
     gamma = drafts.shape[0]
-    matches = (choices[:gamma] == drafts).to(torch.int64)
-    accepted = int(torch.cumprod(matches, dim=0).sum()) if gamma else 0
-    return accepted, int(choices[accepted])
+    read = torch.cat((choices, drafts.to(choices.device, torch.long))).tolist()
+    targets, drafted = read[: gamma + 1], read[gamma + 1 :]
+    if -1 in targets:
+        raise unusable_logits_error(logits)
+    accepted = 0
+    while accepted < gamma and drafted[accepted] == targets[accepted]:
+        accepted += 1
+    return Verdict(accepted, targets[accepted], drafted, choices[accepted : accepted + 1])
+
+
+def verify_greedy(drafts: torch.Tensor, target_logits: torch.Tensor) -> tuple[int, int]:
+    """`greedy_verdict`'s number of drafts kept and the target's token."""
+    verdict = greedy_verdict(drafts, target_logits)
+    return verdict.accepted, verdict.token
 
 
 def residual_distribution(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
@@ -49,13 +94,53 @@ def residual_distribution(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
 
     If nothing is left (p <= q everywhere, as when p == q), p itself is
     returned: a rejection then had probability ~0, and p is the right law in
-    the limit. Either way every token with mass has p > 0.
-    """
+    the limit. Either way every token with mass has p > 0. Nothing is read
+    back from the device."""
     residual = torch.clamp(p - q, min=0.0)
     total = residual.sum()
-    if not bool(total > 0):
-        return p
-    return residual / total
+    return torch.where(total > 0, residual / torch.where(total > 0, total, 1.0), p)
+
+
+def sampling_verdict(
+    drafts: torch.Tensor,
+    draft_probs: torch.Tensor,
+    target_probs: torch.Tensor,
+    generator: torch.Generator | None = None,
+    usable: torch.Tensor | None = None,
+    target_logits: torch.Tensor | None = None,
+) -> Verdict:
+    """Speculative rejection sampling over all draft positions at once.
+
+    `drafts`: (gamma,); `draft_probs` q: (gamma, vocab); `target_probs` p:
+    (gamma + 1, vocab). `usable` (a one-element bool tensor, from
+    `LogitsProcessor.unread_probabilities`) says whether every row of the
+    target's logits `target_logits` had a finite value: read with the rest,
+    UnusableLogitsError where not."""
+    gamma = drafts.shape[0]
+    device = target_probs.device
+    if gamma:
+        positions = torch.arange(gamma, device=drafts.device)
+        p_of_draft = target_probs[positions, drafts]
+        q_of_draft = draft_probs[positions, drafts]
+        u = torch.rand(gamma, generator=generator, device=device)
+        # accept iff u < p/q, written without a division (q(x) > 0 for a drawn x)
+        keep = (u * q_of_draft < p_of_draft).to(torch.int64)
+        accepted = torch.cumprod(keep, dim=0).sum().reshape(1)
+        row = accepted.clamp(max=gamma - 1)
+        residual = residual_distribution(
+            target_probs.index_select(0, row)[0], draft_probs.index_select(0, row)[0]
+        )
+        law = torch.where(accepted < gamma, residual, target_probs[gamma])
+    else:
+        accepted = torch.zeros(1, dtype=torch.int64, device=device)
+        law = target_probs[0]
+    token = torch.multinomial(law, 1, generator=generator)
+    flag = torch.ones(1, dtype=torch.int64, device=device) if usable is None else usable
+    parts = (accepted, token, flag.reshape(1).to(torch.int64), drafts.to(device, torch.long))
+    read = torch.cat(parts).tolist()
+    if not read[2]:
+        raise unusable_logits_error(target_probs if target_logits is None else target_logits)
+    return Verdict(read[0], read[1], read[3:], token)
 
 
 def verify_sampling(
@@ -64,25 +149,6 @@ def verify_sampling(
     target_probs: torch.Tensor,
     generator: torch.Generator | None = None,
 ) -> tuple[int, int]:
-    """Speculative rejection sampling over all draft positions at once.
-
-    `drafts`: (gamma,); `draft_probs` q: (gamma, vocab); `target_probs` p:
-    (gamma + 1, vocab). Returns (accepted drafts, the target's token).
-    """
-    gamma = drafts.shape[0]
-    if gamma:
-        positions = torch.arange(gamma, device=drafts.device)
-        p_of_draft = target_probs[positions, drafts]
-        q_of_draft = draft_probs[positions, drafts]
-        u = torch.rand(gamma, generator=generator, device=target_probs.device)
-        # accept iff u < p/q, written without a division (q(x) > 0 for a drawn x)
-        keep = (u * q_of_draft < p_of_draft).to(torch.int64)
-        accepted = int(torch.cumprod(keep, dim=0).sum())
-    else:
-        accepted = 0
-    if accepted < gamma:
-        law = residual_distribution(target_probs[accepted], draft_probs[accepted])
-    else:
-        law = target_probs[gamma]
-    token = torch.multinomial(law, 1, generator=generator)
-    return accepted, int(token)
+    """`sampling_verdict`'s number of drafts kept and the target's token."""
+    verdict = sampling_verdict(drafts, draft_probs, target_probs, generator)
+    return verdict.accepted, verdict.token

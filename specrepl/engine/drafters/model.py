@@ -128,6 +128,7 @@ class ModelDrafter(Drafter):
         self.context = runtime.context
         self.keep_between_prompts = keep_between_prompts
         self.view = DraftView()
+        self._last_read: tuple[torch.Tensor | None, list[int]] = (None, [])
         self.allowed: torch.Tensor | None = None
         """Where set, the only ids a draft may hold (a drafter with another
         tokenizer samples among the tokens both vocabularies share)."""
@@ -143,6 +144,7 @@ class ModelDrafter(Drafter):
             self.forget()
 
     def forget(self) -> None:
+        self._last_read = (None, [])
         self.runtime.forget()
         self.view = DraftView()
         self._target_cache = None
@@ -265,8 +267,17 @@ class ModelDrafter(Drafter):
         cost = self.importer.estimate_append(written) if append else self.importer.estimate(written)
         return cost < unseen * self.read_seconds_per_token
 
+    def _host_ids(self, sequence: torch.Tensor) -> list[int]:
+        """`sequence` as host integers, read from its device once a step (the
+        loop hands `offers` and `propose` the same tensor, never changed in place)."""
+        seen, ids = self._last_read
+        if seen is not sequence or len(ids) != sequence.shape[0]:
+            ids = sequence.tolist()
+            self._last_read = (sequence, ids)
+        return ids
+
     def offers(self, sequence: torch.Tensor, k: int) -> list[Offer]:
-        ids = sequence.tolist()
+        ids = self._host_ids(sequence)
         self._sync(ids)
         start = max(self._plan(ids), self._importable(ids)[1])
         return [Offer(self.name, self._room(ids, k), len(ids) - start)]
@@ -326,7 +337,7 @@ class ModelDrafter(Drafter):
         generator: torch.Generator | None,
         min_confidence: float = 0.0,
     ) -> Draft:
-        ids = sequence.tolist()
+        ids = self._host_ids(sequence)
         self._sync(ids)
         k = self._room(ids, k)
         if k <= 0:
@@ -347,8 +358,9 @@ class ModelDrafter(Drafter):
                 break
             tokens.append(token)
             if index + 1 < k:
-                self.runtime.feed([int(token)])
-                self.view.extend(len(ids) + index, [int(token)])
+                value = int(token)  # read to feed it back: one read a draft
+                self.runtime.feed([value])
+                self.view.extend(len(ids) + index, [value])
         return replace(
             collect_draft(tokens, laws, sequence),
             read_seconds=read_seconds,
