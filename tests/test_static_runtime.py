@@ -15,17 +15,24 @@ import pytest
 import torch
 from transformers import MistralConfig, MistralForCausalLM
 
+from specrepl.engine import target_choice
+from specrepl.engine.drafters import runtime as drafter_runtimes
+from specrepl.engine.drafters.draft_runtime import TorchDraftRuntime
 from specrepl.engine.drafters.head import HeadDrafter
 from specrepl.engine.drafters.hybrid import HybridDrafter
 from specrepl.engine.drafters.lookup import LookupDrafter
 from specrepl.engine.drafters.model import ModelDrafter
 from specrepl.engine.drafters.ngram import NgramDrafter
+from specrepl.engine.drafters.options import DrafterOptions
+from specrepl.engine.drafters.runtime import choose_runtime
+from specrepl.engine.drafters.runtime import static_or_eager as drafter_static_or_eager
 from specrepl.engine.gamma import make_policy
 from specrepl.engine.generation import autoregressive_generate, speculative_generate
 from specrepl.engine.processors import TopKProcessor
 from specrepl.engine.prompt_cache import PromptCache
 from specrepl.engine.runtime import TorchModel
 from specrepl.engine.static_runtime import StaticRuntimeRefused, StaticTorchModel
+from specrepl.engine.target_choice import static_or_eager as target_static_or_eager
 from specrepl.testing import (
     assert_speculative_sampling_is_exact,
     perturbed_copy,
@@ -231,3 +238,115 @@ def test_a_chat_session_runs_both_generators_on_the_static_target(pair) -> None:
             speculative, alone = answer.runs["speculative"], answer.runs["target"]
             assert speculative.result.token_ids == alone.result.token_ids
             assert speculative.result.token_ids
+
+
+def static_drafter(target, **options) -> ModelDrafter:
+    """A model drafter whose model runs over a static cache of its own."""
+    copy = StaticTorchModel(perturbed_copy(target, 0.1, seed=1), compile=False)
+    return ModelDrafter(TorchDraftRuntime(copy), **options)
+
+
+@pytest.mark.parametrize("gamma", [1, 4, 8, 16])
+@pytest.mark.parametrize("on_static", [False, True], ids=["eager-target", "static-target"])
+def test_a_model_drafter_over_the_static_runtime_keeps_the_targets_text(
+    target, static, gamma, on_static
+) -> None:
+    verifier = static if on_static else target
+    model_drafter = static_drafter(target)
+    assert model_drafter.runtime.name == "static"
+    for prompt in PROMPTS:
+        reference = autoregressive_generate(prompt, target, max_gen_len=40)
+        result = speculative_generate(prompt, model_drafter, verifier, gamma=gamma, max_gen_len=40)
+        assert result.token_ids == reference.token_ids, (gamma, prompt)
+        assert result.accepted > 0
+
+
+def test_a_static_drafter_keeps_its_cache_through_a_chat(target) -> None:
+    kept, history = PromptCache(), list(PROMPTS[0])
+    model_drafter = static_drafter(target, keep_between_prompts=True)
+    for turn in range(3):
+        ids = [*history, 2, 25, 20 + turn, 21]
+        reference = autoregressive_generate(ids, target, max_gen_len=16)
+        result = speculative_generate(
+            ids, model_drafter, target, gamma=4, max_gen_len=16, prompt_cache=kept
+        )
+        assert result.token_ids == reference.token_ids, turn
+        if turn:  # it read only what it had not seen
+            assert result.read_tokens < len(ids) // 2
+        history = [*ids, *result.token_ids]
+
+
+def test_sampling_with_a_static_drafter_follows_the_targets_law(target) -> None:
+    copy = StaticTorchModel(perturbed_copy(target, 0.5, seed=1), compile=False)
+    options = {"eos_tokens_id": None, "vocab_size": VOCAB}
+    assert_speculative_sampling_is_exact(
+        target, ModelDrafter(TorchDraftRuntime(copy)), PROMPTS[0], TopKProcessor(top_k=3), options
+    )
+
+
+def test_the_drafter_runtime_static_is_built_and_drafts(target) -> None:
+    copy = perturbed_copy(target, 0.1, seed=1)
+    choice = choose_runtime("static", copy, None, context_length=128)
+    assert choice.runtime == "static" and "warmed up" in choice.reason
+    assert choice.static is not None and choice.static.context == 128
+    assert sorted(choice.seconds) == ["static"]
+    built = choice.model_drafter(DrafterOptions(kind="model", runtime="static"), target)
+    assert built is not None and built.runtime.name == "static"
+    reference = autoregressive_generate(PROMPTS[0], target, max_gen_len=24)
+    assert speculative_generate(PROMPTS[0], built, target, gamma=4, max_gen_len=24).token_ids == (
+        reference.token_ids
+    )
+    assert "static cache" in choice.describe()
+
+
+def test_a_drafter_the_static_runtime_cannot_run_is_refused(target) -> None:
+    config = MistralConfig(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, sliding_window=8,
+        max_position_embeddings=64,
+    )  # fmt: skip
+    with pytest.raises(StaticRuntimeRefused, match="sliding-window"):
+        choose_runtime("static", MistralForCausalLM(config), None)
+    chosen = drafter_static_or_eager(MistralForCausalLM(config), 64, compile=False)
+    assert chosen.runtime == "torch" and "sliding-window" in chosen.reason
+
+
+def test_auto_takes_the_static_drafter_only_where_it_measured_cheaper(target, monkeypatch) -> None:
+    copy = perturbed_copy(target, 0.1, seed=1)
+    chosen = drafter_static_or_eager(copy, 128, compile=False)
+    assert sorted(chosen.seconds) == ["static", "torch"]
+    cheaper = chosen.seconds["static"] < chosen.seconds["torch"]
+    assert chosen.runtime == ("static" if cheaper else "torch")
+    monkeypatch.setattr(drafter_runtimes, "measure_widths", lambda model, width: {1: 1e3})
+    assert drafter_static_or_eager(copy, 128, compile=False).runtime == "static"
+    monkeypatch.setattr(drafter_runtimes, "measure_widths", lambda model, width: {1: 1e-9})
+    assert drafter_static_or_eager(copy, 128, compile=False).runtime == "torch"
+
+
+def test_auto_takes_a_static_target_only_if_cheaper_and_its_text_is_eagers(
+    target, monkeypatch
+) -> None:
+    eager = TorchModel(target)
+    prompts = [list(PROMPTS[0]), list(PROMPTS[1])]
+    chosen = target_static_or_eager(eager, 128, prompts, compile=False)
+    assert sorted(chosen.seconds) == ["static", "torch"] and chosen.measured
+    if chosen.seconds["static"] >= chosen.seconds["torch"]:
+        assert chosen.runtime == "torch" and "measured" in chosen.reason
+    else:
+        assert chosen.runtime == "static"
+    monkeypatch.setattr(target_choice, "torch_step_seconds", lambda model, tuning: 1e3)
+    chosen = target_static_or_eager(eager, 128, prompts, compile=False)
+    assert chosen.runtime == "static" and "the same text on 2 prompts" in chosen.reason
+    again = target_static_or_eager(eager, 128, prompts, earlier=chosen.verdict(), compile=False)
+    assert again.runtime == "static" and again.earlier and not again.measured
+    feed = StaticTorchModel.feed
+
+    def off_by_a_little(self, ids, start, keep, *, features):  # another model's text
+        logits, hidden = feed(self, ids, start, keep, features=features)
+        return logits + 3.0 * torch.nn.functional.one_hot(ids[-keep:] % VOCAB, VOCAB), hidden
+
+    monkeypatch.setattr(StaticTorchModel, "feed", off_by_a_little)
+    refused = target_static_or_eager(eager, 128, prompts, compile=False)
+    assert refused.runtime == "torch" and "differs from eager's on calibration prompt" in (
+        refused.reason
+    )

@@ -43,6 +43,7 @@ from specrepl.engine.gamma import GammaPolicy
 from specrepl.engine.llamacpp import LlamaCppUnavailable
 from specrepl.engine.prompt_cache import PromptCache
 from specrepl.engine.runtime import RunnableModel
+from specrepl.engine.static_runtime import StaticRuntimeRefused
 from specrepl.models.errors import ModelLoadError
 from specrepl.store.paths import draft_choices_file
 
@@ -155,8 +156,8 @@ class ChatDrafters:
     def runtime(self, settings: Settings) -> RuntimeChoice | None:
         """What runs the drafter model under `settings` (None: no model drafts),
         chosen once per requested runtime (`runtime.choose_runtime`: "auto"
-        times both runtimes here, ~0.5 s). Raises SettingError when llama.cpp
-        is asked for and cannot run."""
+        times the runtimes here, ~0.5 s on a CPU). Raises SettingError when
+        llama.cpp or the static runtime is asked for and cannot run it."""
         options = settings.drafter_options()
         drafter = self.pair.drafter
         if not options.needs_model or drafter is None:
@@ -164,9 +165,13 @@ class ChatDrafters:
         key = _runtime_key(options)
         if key not in self._runtimes:
             try:
-                self._runtimes[key] = choose_drafter_runtime(options, drafter.model, drafter.gguf)
+                self._runtimes[key] = choose_drafter_runtime(
+                    options, drafter.model, drafter.gguf, context_length=self.pair.context_length
+                )
             except LlamaCppUnavailable as error:
                 raise SettingError(f"the drafter cannot run in llama.cpp: {error}") from None
+            except StaticRuntimeRefused as error:
+                raise SettingError(f"the static runtime cannot run the drafter: {error}") from None
         return self._runtimes[key]
 
     # -- a hybrid's head "auto": the head or the model, by timing ----------------
@@ -431,7 +436,7 @@ def choose_hybrid_source(
             target=target,
         )
 
-    runtime_name = "torch" if _in_torch(runtime) else "llamacpp"
+    runtime_name = "torch" if runtime is None else runtime.runtime
     if target is not None and target.runtime_name != "torch":
         runtime_name += f", target in {target.runtime_name}"
     key = choice_key(pair, settings, Path(path), runtime_name)
@@ -442,7 +447,8 @@ def choose_hybrid_source(
 
 
 def _in_torch(runtime: RuntimeChoice | None) -> bool:
-    """Whether the drafter model drafts in torch under `runtime` (not llama.cpp)."""
+    """Whether the drafter model drafts in torch under `runtime` (eagerly or over
+    a static cache; not llama.cpp)."""
     return runtime is None or runtime.llama is None
 
 

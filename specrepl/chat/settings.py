@@ -256,7 +256,8 @@ class Settings:
     drafter_runtime: str = _setting(
         DrafterOptions.runtime,
         Bound(str, choices=DRAFTER_RUNTIMES),
-        "what runs the drafter model: torch, llamacpp (its GGUF file), or auto (the cheaper)",
+        "what runs the drafter model: torch, llamacpp (its GGUF file), static (torch over a"
+        " static cache, compiled on a GPU), or auto (the cheapest measured)",
         drafter="runtime",
     )
     target_runtime: str = _setting(

@@ -29,7 +29,7 @@ from specrepl.engine.output_match import TieCheck
 from specrepl.engine.runtime import RunnableModel
 from specrepl.engine.static_runtime import StaticRuntimeRefused
 from specrepl.engine.target_choice import TargetChoice, Verdict, choose_target_runtime
-from specrepl.engine.widths import machine_parts
+from specrepl.engine.widths import machine_parts, processor_name
 from specrepl.models.gguf_f32 import float32_gguf
 from specrepl.models.prompting import prompt_ids
 from specrepl.store.json_file import read_json_object, write_json_object
@@ -127,7 +127,8 @@ class ChatTarget:
             prompt_ids(self.pair.tokenizer, text, chat=True, system_prompt=None)
             for text in (CALIBRATION_PROMPTS if requested == "auto" else ())
         ]
-        store_key = requested == "auto" and gguf is not None
+        on_gpu = target.device.type == "cuda"  # "auto" there weighs the static runtime
+        store_key = requested == "auto" and (gguf is not None or on_gpu)
         key = verdict_key(self.pair, gguf) if store_key else None
         store = target_runtimes_file()
         saved = read_json_object(store) if key is not None else {}
@@ -160,17 +161,20 @@ def _choice_key(settings: Settings) -> tuple[str, bool]:
     return settings.target_runtime, settings.drafter_options().needs_head
 
 
-def verdict_key(pair: ModelPair, gguf: Path) -> str:
+def verdict_key(pair: ModelPair, gguf: Path | None) -> str:
     """What a stored "auto" verdict must match: the target as loaded, its
-    float32 GGUF file, the machine, the threads and both runtimes' versions."""
+    float32 GGUF file (if any), the machine (with its GPU where the target runs
+    on one), the threads, the context and the runtimes' versions."""
     target = pair.target
     try:
         llama_cpp = metadata.version("llama-cpp-python")
     except metadata.PackageNotFoundError:
         llama_cpp = "none"
+    on_gpu = target.device.type == "cuda"
     parts = (
         f"{target.name} {target.dtype} {target.quantization} {target.device}",
-        fingerprint(gguf)[:16],
+        "no GGUF" if gguf is None else fingerprint(gguf)[:16],
+        *((processor_name(target.device), f"context={pair.context_length}") if on_gpu else ()),
         *machine_parts(),
         f"llama-cpp-python={llama_cpp}",
     )
@@ -185,6 +189,8 @@ def _stored_verdict(entry: Any, now: float) -> Verdict | None:
         measured = float(entry["measured_at"])
     except (KeyError, TypeError, ValueError, AttributeError):
         return None
-    if runtime not in ("torch", "llamacpp") or now - measured > MAX_VERDICT_AGE_DAYS * 86400:
+    if runtime not in ("torch", "llamacpp", "static"):
+        return None
+    if now - measured > MAX_VERDICT_AGE_DAYS * 86400:
         return None
     return Verdict(runtime, reason, seconds)

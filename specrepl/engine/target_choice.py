@@ -11,7 +11,9 @@ calibration prompts it is given. "torch" and "llamacpp" force either ("llamacpp"
 raises `LlamaCppUnavailable` saying why it cannot run). "static" runs it in
 torch over a static cache, compiled on a GPU (`static_runtime`), compiled and
 timed here before the first answer (`StaticRuntimeRefused` saying why where
-it cannot run); "auto" never chooses it yet. A verdict measured at
+it cannot run). On a GPU, "auto" weighs the static runtime against the
+eager one instead (`static_or_eager`: cheaper, and the same greedy text on
+the calibration prompts); on a CPU it weighs llama.cpp. A verdict measured at
 an earlier start (`Verdict`, kept by the caller) is taken instead of measuring
 again, so only the first start on a machine pays for the timing and the text
 check.
@@ -39,7 +41,7 @@ from specrepl.engine.llamacpp_runtime import LlamaCppModel
 from specrepl.engine.placement import placed_map
 from specrepl.engine.runtime import RunnableModel, TorchModel
 from specrepl.engine.runtime_options import TARGET_RUNTIMES
-from specrepl.engine.static_runtime import StaticTorchModel
+from specrepl.engine.static_runtime import StaticRuntimeRefused, StaticTorchModel
 from specrepl.engine.tuning import Tuning
 from specrepl.engine.widths import measure_widths
 
@@ -48,6 +50,7 @@ __all__ = [
     "TargetChoice",
     "Verdict",
     "choose_target_runtime",
+    "static_or_eager",
     "torch_step_seconds",
 ]
 
@@ -86,8 +89,9 @@ class TargetChoice:
 
     @property
     def measured(self) -> bool:
-        """Whether both runtimes were timed for this choice ("auto", measured now)."""
-        return {"torch", "llamacpp"} <= set(self.seconds) and not self.earlier
+        """Whether torch and another runtime were timed for this choice ("auto",
+        measured now)."""
+        return "torch" in self.seconds and len(self.seconds) > 1 and not self.earlier
 
     def verdict(self) -> Verdict:
         return Verdict(self.runtime, self.reason, dict(self.seconds))
@@ -127,19 +131,18 @@ def torch_step_seconds(model: PreTrainedModel, tuning: Tuning, *, repeats: int =
 
 
 def _same_text(
-    model: PreTrainedModel,
-    tuning: Tuning,
-    llama: LlamaCppModel,
+    first: RunnableModel,
+    second: RunnableModel,
     prompts: Sequence[list[int]],
     eos_token_ids: Sequence[int],
 ) -> int | None:
-    """None when llama.cpp's greedy text equals torch's on every prompt, else
-    the index of the first prompt where it differs."""
+    """None when the two runtimes' greedy texts are the same on every prompt,
+    else the index of the first prompt where they differ."""
     options = {"max_gen_len": CALIBRATION_TOKENS, "eos_tokens_id": list(eos_token_ids)}
     for index, ids in enumerate(prompts):
-        in_torch = autoregressive_generate(ids, model, tuning=tuning, **options)
-        in_llamacpp = autoregressive_generate(ids, llama, **options)
-        if in_torch.token_ids != in_llamacpp.token_ids:
+        one = autoregressive_generate(ids, first, **options)
+        other = autoregressive_generate(ids, second, **options)
+        if one.token_ids != other.token_ids:
             return index
     return None
 
@@ -181,6 +184,54 @@ def _torch_choice(requested: str, in_torch: TorchModel, context_length: int) -> 
     )
 
 
+def static_or_eager(
+    in_torch: TorchModel,
+    context_length: int,
+    calibration: Sequence[list[int]] = (),
+    eos_token_ids: Sequence[int] = (),
+    earlier: Verdict | None = None,
+    *,
+    compile: bool | None = None,
+) -> TargetChoice:
+    """Torch eagerly or over a static cache (compiled on a GPU; `compile`
+    forces either), whichever measured faster: the static runtime is warmed
+    up and its one-token pass timed against the eager one, and it is taken
+    only when cheaper AND its greedy text equals the eager one's on the
+    calibration prompts. A static verdict of an earlier start (`earlier`) is
+    warmed up again (a compiled runtime compiles at every start) but not timed
+    or checked; an eager one builds nothing."""
+    if earlier is not None and earlier.runtime == "torch":
+        return TargetChoice(in_torch, earlier.reason, earlier.seconds, earlier=True)
+    try:
+        static = StaticTorchModel(in_torch.model, max_length=context_length, compile=compile)
+    except StaticRuntimeRefused as error:
+        return TargetChoice(in_torch, f"the static runtime cannot run it: {error}")
+    static.warm_up()
+    if earlier is not None:
+        return TargetChoice(static, earlier.reason, earlier.seconds, earlier=True)
+    step = static.one_token_seconds()
+    assert step is not None  # warmed up: every bucket timed
+    seconds = {"static": step, "torch": torch_step_seconds(in_torch.model, in_torch.tuning)}
+    ratio = seconds["static"] / seconds["torch"]
+    warmed = f"warmed up in {static.warm_up_seconds:.1f} s"
+    if ratio >= 1:
+        return TargetChoice(
+            in_torch, f"the static runtime's step measured {ratio:.2f}x eager's ({warmed})", seconds
+        )
+    differs = _same_text(in_torch, static, calibration, eos_token_ids)
+    if differs is not None:
+        return TargetChoice(
+            in_torch,
+            f"the static runtime's greedy text differs from eager's on calibration prompt "
+            f"{differs + 1}",
+            seconds,
+        )
+    checked = f", the same text on {len(calibration)} prompts" if calibration else ""
+    return TargetChoice(
+        static, f"a step costs {ratio:.2f} of eager's, measured{checked} ({warmed})", seconds
+    )
+
+
 def _without_features(requested: str, in_torch: TorchModel, problem: str) -> TargetChoice:
     """Torch, for a drafter that reads features this llama.cpp cannot give
     (`problem`); a forced llama.cpp is refused with the reason."""
@@ -218,6 +269,8 @@ def choose_target_runtime(
         return placed
     threads = threads or torch.get_num_threads()
     device = model_device(model)
+    if requested == "auto" and device.type == "cuda":
+        return static_or_eager(in_torch, context_length, calibration, eos_token_ids, earlier)
     if requested == "auto" and device.type != "cpu":
         return TargetChoice(in_torch, f"the target runs on {device.type}; llama.cpp on the CPU")
     if requested == "auto" and earlier is not None and earlier.runtime == "torch":
@@ -239,7 +292,7 @@ def choose_target_runtime(
     ratio = seconds["llamacpp"] / seconds["torch"]
     if ratio >= 1:
         return TargetChoice(in_torch, f"llama.cpp's step measured {ratio:.2f}x torch's", seconds)
-    differs = _same_text(model, tuning, llama, calibration, eos_token_ids)
+    differs = _same_text(in_torch, llama, calibration, eos_token_ids)
     if differs is not None:
         return TargetChoice(
             in_torch,

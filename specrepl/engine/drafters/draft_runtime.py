@@ -37,7 +37,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from specrepl.engine.kv_cache import cached_length, can_copy_positions, copy_positions
-from specrepl.engine.runtime import TorchModel
+from specrepl.engine.runtime import RunnableModel, TorchModel
 from specrepl.engine.tuning import Tuning
 
 __all__ = ["DraftRuntime", "Importer", "TorchDraftRuntime", "TorchImporter"]
@@ -106,14 +106,19 @@ class Importer(Protocol):
 
 
 class TorchDraftRuntime(DraftRuntime):
-    """A transformers model run as `TorchModel` runs it, over its own token record."""
-
-    name = "torch"
+    """A transformers model run as `TorchModel` runs it, or as another torch
+    `RunnableModel` given instead runs it (`static_runtime.StaticTorchModel`:
+    over a static cache, compiled on a GPU), over its own token record."""
 
     def __init__(
-        self, model: PreTrainedModel, *, tuning: Tuning | None = None, use_cache: bool = True
+        self,
+        model: PreTrainedModel | RunnableModel,
+        *,
+        tuning: Tuning | None = None,
+        use_cache: bool = True,
     ) -> None:
-        self.runnable = TorchModel(model, tuning)
+        self.runnable = model if isinstance(model, RunnableModel) else TorchModel(model, tuning)
+        self.name = self.runnable.runtime_name
         self.width = self.runnable.width
         self.context = self.runnable.context
         self.device = self.runnable.device
@@ -124,15 +129,18 @@ class TorchDraftRuntime(DraftRuntime):
 
     @property
     def model(self) -> PreTrainedModel:
-        return self.runnable.model
+        return self.runnable.model  # type: ignore[attr-defined,no-any-return]
 
     @property
     def tuning(self) -> Tuning:
-        return self.runnable.tuning
+        """The eager model's tuning (a static runtime's passes take none)."""
+        return getattr(self.runnable, "tuning", None) or Tuning()
 
     @property
     def cache(self) -> DynamicCache | None:
-        return self.runtime.cache
+        """The `DynamicCache` a copy of the target takes keys and values into
+        (None: none held, or a static runtime's, which takes none)."""
+        return getattr(self.runtime, "cache", None)
 
     def held(self) -> list[int]:
         return self._held[:]  # read back from `_ids` it would cost a device sync

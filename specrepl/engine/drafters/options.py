@@ -15,10 +15,12 @@ __all__ = ["AUTO_HEAD", "DRAFTER_KINDS", "DRAFTER_RUNTIMES", "DrafterOptions", "
 
 DRAFTER_KINDS = ("model", "ngram", "lookup", "hybrid", "head")
 
-DRAFTER_RUNTIMES = ("auto", "torch", "llamacpp")
+DRAFTER_RUNTIMES = ("auto", "torch", "llamacpp", "static")
 """What runs the drafter model (`runtime.choose_runtime`): "auto"
-measures both where llama.cpp can run the model's GGUF file and keeps the
-cheaper; "torch" and "llamacpp" force one."""
+measures the candidates (on a CPU llama.cpp where it can run the model's
+GGUF file; on a GPU the static runtime, compiled) against eager torch and
+keeps the cheapest; "torch", "llamacpp" and "static" (torch over a static
+cache, compiled on a GPU) force one."""
 
 
 AUTO_HEAD = "auto"

@@ -1,13 +1,15 @@
-"""What runs the drafter model: torch, or llama.cpp on the model's GGUF file, chosen by measurement.
+"""What runs the drafter model: torch, llama.cpp on its GGUF file, or torch over a static cache.
 
 `choose_runtime` decides, for `runtime = "auto"`, by timing one decoding step
-of each on this machine (never by a constant): llama.cpp when it is installed,
-the drafter came from a GGUF file, runs on the CPU, and its step measured
-cheaper than torch's. The `RuntimeChoice` it returns builds the model
-drafter over llama.cpp (`llamacpp.llamacpp_drafter`) for the drafter
+of each candidate on this machine (never by a constant): on a CPU,
+llama.cpp when it is installed, the drafter came from a GGUF file and its
+step measured cheaper than torch's; on a GPU, the static runtime
+(`static_runtime`, compiled) when its step measured cheaper than the eager
+one. The `RuntimeChoice` it returns builds the model drafter over llama.cpp
+(`llamacpp.llamacpp_drafter`) or the static runtime for the drafter
 builder, with the bound on one read chosen from measured costs
-(`auto_window`) and, for a copy of the target, the importer of the target's
-keys and values (`llamacpp_kv`, `llamacpp_state`).
+(`auto_window`) and, for a copy of the target in llama.cpp, the importer of
+the target's keys and values (`llamacpp_kv`, `llamacpp_state`).
 
 This module knows nothing of settings or of the other kinds of drafter.
 """
@@ -23,6 +25,7 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel
 
+from specrepl.engine.drafters.draft_runtime import TorchDraftRuntime
 from specrepl.engine.drafters.llamacpp import llamacpp_drafter
 from specrepl.engine.drafters.llamacpp_kv import KvImporter, probe_importer
 from specrepl.engine.drafters.llamacpp_state import StateImporter, probe_state_importer
@@ -31,6 +34,7 @@ from specrepl.engine.drafters.options import DRAFTER_RUNTIMES, DrafterOptions
 from specrepl.engine.llamacpp import LlamaCppUnavailable, open_gguf
 from specrepl.engine.llamacpp_runtime import LlamaCppModel
 from specrepl.engine.runtime import RunnableModel
+from specrepl.engine.static_runtime import StaticRuntimeRefused, StaticTorchModel
 from specrepl.engine.widths import measure_widths
 
 __all__ = [
@@ -41,6 +45,7 @@ __all__ = [
     "choose_drafter_runtime",
     "choose_runtime",
     "llama_costs",
+    "static_or_eager",
 ]
 
 MAX_CONTEXT = 16384
@@ -95,13 +100,15 @@ def llama_costs(
 
 @dataclass(frozen=True)
 class RuntimeChoice:
-    """What runs the drafter model: llama.cpp (`llama` set) or torch, and why."""
+    """What runs the drafter model: llama.cpp (`llama` set), torch over a static
+    cache (`static` set), or torch eagerly, and why."""
 
     llama: Any | None
     reason: str
     seconds: dict[str, float] = field(default_factory=dict)
-    """Measured seconds of one drafting step, by runtime ("torch", "llamacpp"), and
-    of reading one token in a batch in llama.cpp ("llamacpp_read")."""
+    """Measured seconds of one drafting step, by runtime ("torch", "llamacpp",
+    "static"), and of reading one token in a batch in llama.cpp ("llamacpp_read")."""
+    static: StaticTorchModel | None = field(default=None, compare=False)
     imports: dict[int, tuple[KvImporter | StateImporter | None, str]] = field(
         default_factory=dict, compare=False
     )
@@ -110,11 +117,16 @@ class RuntimeChoice:
 
     @property
     def runtime(self) -> str:
+        if self.static is not None:
+            return "static"
         return "torch" if self.llama is None else "llamacpp"
 
     def describe(self) -> str:
         taken = f"; {self.import_reason}" if self.import_reason else ""
-        return f"{'llama.cpp' if self.llama is not None else 'torch'}: {self.reason}{taken}"
+        name = {"llamacpp": "llama.cpp", "torch": "torch"}.get(self.runtime)
+        if self.static is not None:
+            name = f"torch, static cache{', compiled' if self.static.compiled else ''}"
+        return f"{name}: {self.reason}{taken}"
 
     def model_drafter(
         self,
@@ -140,7 +152,14 @@ class RuntimeChoice:
         and 0 chooses the bound from measured costs (`auto_window`: the
         target's measured one-token step, `target_step_seconds`, against
         llama.cpp's batched read), or reads everything when the target's step
-        is not known."""
+        is not known. Over a static runtime (`static`) the model drafts there,
+        reading what it has not seen (it takes no keys and values)."""
+        if self.static is not None:
+            return ModelDrafter(
+                TorchDraftRuntime(self.static),
+                window=options.window or None,
+                keep_between_prompts=keep_between_prompts,
+            )
         if self.llama is None:
             return None
         importer: KvImporter | StateImporter | None = None
@@ -205,16 +224,26 @@ def choose_runtime(
     gguf: Path | None,
     *,
     threads: int | None = None,
+    context_length: int | None = None,
 ) -> RuntimeChoice:
     """Where the drafter `model` (loaded from the GGUF file `gguf`, or None)
     drafts: "torch"; "llamacpp" (raises LlamaCppUnavailable saying why it
-    cannot); or "auto": llama.cpp when it can run here, the model is on the
-    CPU, and one decoding step measured cheaper there than in torch (both
-    timed now, ~0.5 s once), else torch, with the reason."""
+    cannot); "static" (torch over a static cache of `context_length`
+    positions, compiled on a GPU; raises StaticRuntimeRefused saying why it
+    cannot); or "auto": on a CPU, llama.cpp when it can run here and one
+    decoding step measured cheaper there than in torch (both timed now,
+    ~0.5 s once); on a GPU, the static runtime, compiled, when its step
+    measured cheaper than the eager one; else torch, with the reason."""
     if requested not in DRAFTER_RUNTIMES:
         raise ValueError(f"runtime must be one of {', '.join(DRAFTER_RUNTIMES)}, got {requested!r}")
     if requested == "torch":
         return RuntimeChoice(None, "asked for")
+    if requested == "static":
+        static = StaticTorchModel(model, max_length=context_length)
+        static.warm_up()
+        step = static.one_token_seconds()
+        reason = f"asked for, warmed up in {static.warm_up_seconds:.1f} s"
+        return RuntimeChoice(None, reason, {} if step is None else {"static": step}, static)
     context = min(
         int(getattr(model.config.get_text_config(), "max_position_embeddings", 0) or MAX_CONTEXT),
         MAX_CONTEXT,
@@ -225,6 +254,8 @@ def choose_runtime(
         step, read = llama_costs(llama)
         return RuntimeChoice(llama, "asked for", {"llamacpp": step, "llamacpp_read": read})
     device = next(model.parameters()).device
+    if device.type == "cuda":
+        return static_or_eager(model, context_length)
     if device.type != "cpu":
         return RuntimeChoice(None, f"the drafter runs on {device.type}; llama.cpp here on the CPU")
     try:
@@ -239,11 +270,38 @@ def choose_runtime(
     return RuntimeChoice(None, f"llama.cpp's step measured {ratio:.2f}x torch's", seconds)
 
 
+def static_or_eager(
+    model: PreTrainedModel, context_length: int | None, *, compile: bool | None = None
+) -> RuntimeChoice:
+    """The static runtime (compiled on a GPU; `compile` forces either) where
+    its one-token step, warmed up, measured cheaper than the eager one, else
+    torch eagerly; with the reason. The drafter's text never reaches the
+    answer (the target verifies), so only the cost decides."""
+    try:
+        static = StaticTorchModel(model, max_length=context_length, compile=compile)
+    except StaticRuntimeRefused as error:
+        return RuntimeChoice(None, f"the static runtime cannot run it: {error}")
+    static.warm_up()
+    step = static.one_token_seconds()
+    assert step is not None  # warmed up: every bucket timed
+    seconds = {"static": step, "torch": measure_widths(model, 1)[1]}
+    ratio = seconds["static"] / seconds["torch"]
+    warmed = f"warmed up in {static.warm_up_seconds:.1f} s"
+    if ratio < 1:
+        reason = f"a step costs {ratio:.2f} of eager's ({warmed})"
+        return RuntimeChoice(None, reason, seconds, static)
+    return RuntimeChoice(None, f"the static runtime's step measured {ratio:.2f}x eager's", seconds)
+
+
 def choose_drafter_runtime(
-    options: DrafterOptions, model: PreTrainedModel | None, gguf: Path | None
+    options: DrafterOptions,
+    model: PreTrainedModel | None,
+    gguf: Path | None,
+    *,
+    context_length: int | None = None,
 ) -> RuntimeChoice | None:
     """What runs the drafter model for the drafter `options` describe (None
     when no model drafts): `choose_runtime` with `options.runtime`."""
     if not options.needs_model or model is None:
         return None
-    return choose_runtime(options.runtime, model, gguf)
+    return choose_runtime(options.runtime, model, gguf, context_length=context_length)

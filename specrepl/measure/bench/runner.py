@@ -48,6 +48,7 @@ from specrepl.engine.gamma import FixedGamma, GammaPolicy
 from specrepl.engine.generation import autoregressive_generate, speculative_generate
 from specrepl.engine.prompt_cache import PromptCache
 from specrepl.engine.results import StepEvent
+from specrepl.engine.static_runtime import StaticRuntimeRefused
 from specrepl.engine.widths import WidthPlan
 from specrepl.measure.bench.figures import (
     HF_COMPILED,
@@ -150,9 +151,13 @@ class Benchmark:
                 raise BenchError(str(error)) from None
         gguf = self.pair.drafter.gguf if self.pair.drafter is not None else None
         try:
-            self.drafter_runtime = choose_drafter_runtime(options, model, gguf)
+            self.drafter_runtime = choose_drafter_runtime(
+                options, model, gguf, context_length=self.pair.context_length
+            )
         except LlamaCppUnavailable as error:
             raise BenchError(f"the drafter cannot run in llama.cpp: {error}") from None
+        except StaticRuntimeRefused as error:
+            raise BenchError(f"the static runtime cannot run the drafter: {error}") from None
         return self._build_drafter(keep_between_prompts=False)
 
     def _choose_draft_source(self) -> None:
