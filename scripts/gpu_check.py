@@ -20,9 +20,14 @@ the JSON as soon as it ends (a run cut short keeps what it finished):
    8B shape's one-token step;
 6. transformers `generate()` with a static cache, compiled (the
    reduce-overhead mode transformers chooses on a GPU): the compile time and
-   the run after it, the yardstick for a compiled runtime.
+   the run after it, the yardstick for a compiled runtime;
+7. specrepl's static runtime (compiled on a GPU) for each shape: its
+   warm-up, the target alone, the oracle at each gamma whose verification
+   width is a bucket; then the 1B shape drafting for the 8B shape with both
+   over their static runtimes: its cost per draft against the 8B shape's
+   compiled one-token pass.
 
-Without CUDA (`--cpu`, or no GPU found) it runs parts 2-6 on tiny shapes on
+Without CUDA (`--cpu`, or no GPU found) it runs parts 2-7 on tiny shapes on
 the CPU in seconds, so that CI keeps the script working; the figures of that
 mode mean nothing.
 
@@ -51,6 +56,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from specrepl.engine.devices import synchronize
 from specrepl.engine.drafters.base import Draft, Drafter
+from specrepl.engine.drafters.draft_runtime import TorchDraftRuntime
 from specrepl.engine.drafters.model import ModelDrafter
 from specrepl.engine.gamma import make_policy
 from specrepl.engine.generation import autoregressive_generate, speculative_generate
@@ -429,13 +435,21 @@ def compiled_generate(check: Check, model, prompt: list[int], reference: list[in
 
 
 def static_runtime(
-    check: Check, model, prompt: list[int], reference: list[int], reps: int, buckets: tuple
+    check: Check,
+    model,
+    prompt: list[int],
+    reference: list[int],
+    reps: int,
+    buckets: tuple,
+    kept: dict[str, Any],
 ) -> dict[str, Any]:
     """specrepl's static-cache runtime (compiled on a GPU): its warm-up (the
     compilation of every bucket), the target alone, and the oracle's drafts
-    at each gamma whose verification width is a bucket."""
+    at each gamma whose verification width is a bucket. The warmed-up
+    runtime and its text are left in `kept` for the static drafter's part."""
     began = time.perf_counter()
     static = StaticTorchModel(model, buckets=buckets, max_length=1024)
+    kept["static"] = static
     timed = static.warm_up()
     warm_up = time.perf_counter() - began
     new = len(reference)
@@ -443,6 +457,7 @@ def static_runtime(
         check, lambda: autoregressive_generate(prompt, static, max_gen_len=new), reps
     )
     own = alone.token_ids
+    kept["text"] = own
     known = torch.tensor(prompt + own, device=check.device)
     rows = {}
     for gamma in [bucket - 1 for bucket in static.buckets if bucket > 1]:
@@ -476,6 +491,40 @@ def static_runtime(
         "target_alone": tokens_per_second(times, new),
         "agreeing_prefix_with_eager_target": agreeing_prefix(own, reference),
         "oracle_by_gamma": rows,
+    }
+
+
+def static_drafter(
+    check: Check, drafter: StaticTorchModel, target: StaticTorchModel, prompt: list[int], own
+) -> dict[str, Any]:
+    """The smaller shape drafting for the larger, both over their static
+    runtimes (compiled on a GPU), gamma 4: its cost per draft against the
+    target's one-token pass there (random weights: nearly nothing is
+    accepted; the text must be the static target's own)."""
+    new = len(own)
+
+    def run() -> GenerationResult:
+        return speculative_generate(
+            prompt,
+            ModelDrafter(TorchDraftRuntime(drafter)),
+            target,
+            gamma=make_policy("fixed", 4),
+            max_gen_len=new,
+        )
+
+    times, result = timed_runs(check, run, 1)
+    per_draft = result.draft_seconds / max(result.drafted, 1)
+    one_step = target.one_token_seconds() or float("nan")
+    return {
+        "gamma": 4,
+        "new_tokens": new,
+        "drafted": result.drafted,
+        "accepted": result.accepted,
+        "same_text_as_static_target": result.token_ids == own,
+        "ms_per_draft": round(per_draft * 1000, 3),
+        "target_one_token_ms": round(one_step * 1000, 3),
+        "draft_cost_over_target_step": round(per_draft / one_step, 3),
+        "run_seconds": round(statistics.median(times), 3),
     }
 
 
@@ -620,14 +669,29 @@ def main(argv: list[str] | None = None) -> int:
             lambda m=model, r=reference: compiled_generate(check, m, prompt, r, reps),
             needs=120 if on_gpu else 0,
         )
+    statics: dict[str, dict[str, Any]] = {name: {} for name in models}
     for name, model in models.items():
         reference = found.get(f"{name}/reference")
         if reference is None or "static" not in parts:
             continue
         check.part(
             f"static_runtime/{name}",
-            lambda m=model, r=reference: static_runtime(check, m, prompt, r, reps, buckets),
+            lambda m=model, r=reference, k=statics[name]: static_runtime(
+                check, m, prompt, r, reps, buckets, k
+            ),
             needs=60 if on_gpu else 0,
+        )
+    if "text" in statics[drafter_name] and "text" in statics[target_name]:
+        check.part(
+            "static_drafter",
+            lambda: static_drafter(
+                check,
+                statics[drafter_name]["static"],
+                statics[target_name]["static"],
+                prompt,
+                statics[target_name]["text"][: min(new, 32)],
+            ),
+            needs=30 if on_gpu else 0,
         )
     if on_gpu:
         check.report["peak_gpu_memory_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 1)

@@ -39,7 +39,7 @@ def report(gpu_check, tmp_path_factory) -> dict:
 def test_every_part_runs_on_the_cpu(report: dict, gpu_check) -> None:
     parts = report["parts"]
     shapes = list(gpu_check.CPU_SHAPES)
-    expected = {"cuda_tests", "model_drafter"} | {
+    expected = {"cuda_tests", "model_drafter", "static_drafter"} | {
         f"{part}/{shape}"
         for part in ("pass_widths", "target_alone", "oracle", "static_compiled", "static_runtime")
         for shape in shapes
@@ -69,6 +69,9 @@ def test_the_compared_runs_give_the_same_tokens(report: dict, gpu_check) -> None
     drafted = report["parts"]["model_drafter"]
     assert drafted["same_text_as_target"]
     assert drafted["drafted"] > 0 and drafted["ms_per_draft"] > 0
+    on_static = report["parts"]["static_drafter"]
+    assert on_static["same_text_as_static_target"]
+    assert on_static["drafted"] > 0 and on_static["draft_cost_over_target_step"] > 0
 
 
 def test_a_run_that_parts_is_located_and_priced(gpu_check) -> None:
