@@ -562,7 +562,9 @@ def llamacpp_played_by(model: PreTrainedModel, monkeypatch: pytest.MonkeyPatch) 
     drafter's own, so a session that releases the drafter must answer exactly
     as one that drafts in torch. "torch" stays torch."""
 
-    def choose(options: Any, drafter_model: Any, gguf: Any) -> RuntimeChoice | None:
+    def choose(
+        options: Any, drafter_model: Any, gguf: Any, **settings: Any
+    ) -> RuntimeChoice | None:
         if not options.needs_model:
             return None
         if options.runtime == "torch":

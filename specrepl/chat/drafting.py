@@ -56,6 +56,7 @@ __all__ = [
     "ChatDrafters",
     "build_pair_drafter",
     "choose_hybrid_source",
+    "drafter_runtime",
     "drafter_spec",
     "keeps_drafter_state",
 ]
@@ -164,14 +165,7 @@ class ChatDrafters:
             return None
         key = _runtime_key(options)
         if key not in self._runtimes:
-            try:
-                self._runtimes[key] = choose_drafter_runtime(
-                    options, drafter.model, drafter.gguf, context_length=self.pair.context_length
-                )
-            except LlamaCppUnavailable as error:
-                raise SettingError(f"the drafter cannot run in llama.cpp: {error}") from None
-            except StaticRuntimeRefused as error:
-                raise SettingError(f"the static runtime cannot run the drafter: {error}") from None
+            self._runtimes[key] = drafter_runtime(options, self.pair)
         return self._runtimes[key]
 
     # -- a hybrid's head "auto": the head or the model, by timing ----------------
@@ -444,6 +438,23 @@ def choose_hybrid_source(
         pair, settings, build, key, store=draft_choices_file(), retime=retime, target=target
     )
     return replace(choice, head_path=path), head
+
+
+def drafter_runtime(options: DrafterOptions, pair: ModelPair) -> RuntimeChoice | None:
+    """What runs `pair`'s drafter model for the drafter `options` describe
+    (`runtime.choose_drafter_runtime`, a static cache as long as the pair's
+    context); SettingError saying why where a forced runtime cannot run it."""
+    drafter = pair.drafter
+    if not options.needs_model or drafter is None:
+        return None  # nothing loaded for nothing
+    try:
+        return choose_drafter_runtime(
+            options, drafter.model, drafter.gguf, context_length=pair.context_length
+        )
+    except LlamaCppUnavailable as error:
+        raise SettingError(f"the drafter cannot run in llama.cpp: {error}") from None
+    except StaticRuntimeRefused as error:
+        raise SettingError(f"the static runtime cannot run the drafter: {error}") from None
 
 
 def _in_torch(runtime: RuntimeChoice | None) -> bool:

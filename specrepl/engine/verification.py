@@ -134,6 +134,8 @@ def sampling_verdict(
     else:
         accepted = torch.zeros(1, dtype=torch.int64, device=device)
         law = target_probs[0]
+    if usable is not None:  # unusable logits leave NaN: draw from a stand-in, then refuse
+        law = torch.where(usable, law, torch.ones_like(law))
     token = torch.multinomial(law, 1, generator=generator)
     flag = torch.ones(1, dtype=torch.int64, device=device) if usable is None else usable
     parts = (accepted, token, flag.reshape(1).to(torch.int64), drafts.to(device, torch.long))

@@ -35,20 +35,21 @@ from specrepl.chat.draft_choice import DraftChoice
 from specrepl.chat.drafting import (
     build_pair_drafter,
     choose_hybrid_source,
+    drafter_runtime,
     drafter_spec,
     keeps_drafter_state,
 )
+from specrepl.chat.settings import SettingError
 from specrepl.chat.target import ChatTarget
 from specrepl.engine.drafters.base import Drafter
 from specrepl.engine.drafters.builder import load_drafter_head
 from specrepl.engine.drafters.draft_head import DraftHead
 from specrepl.engine.drafters.head_store import HeadLoadError
-from specrepl.engine.drafters.runtime import RuntimeChoice, choose_drafter_runtime
+from specrepl.engine.drafters.runtime import RuntimeChoice
 from specrepl.engine.gamma import FixedGamma, GammaPolicy
 from specrepl.engine.generation import autoregressive_generate, speculative_generate
 from specrepl.engine.prompt_cache import PromptCache
 from specrepl.engine.results import StepEvent
-from specrepl.engine.static_runtime import StaticRuntimeRefused
 from specrepl.engine.widths import WidthPlan
 from specrepl.measure.bench.figures import (
     HF_COMPILED,
@@ -138,7 +139,6 @@ class Benchmark:
                 f"--drafter-kind {options.kind} needs a drafter model, and the config loads none: "
                 "add a [drafter] table or use --drafter-kind ngram or lookup"
             )
-        model = self.pair.drafter.model if self.pair.drafter is not None else None
         if options.needs_head:
             if options.head is None:
                 raise BenchError(
@@ -149,15 +149,10 @@ class Benchmark:
                 self._head, _ = load_drafter_head(options.head, self.pair.target.model)
             except HeadLoadError as error:
                 raise BenchError(str(error)) from None
-        gguf = self.pair.drafter.gguf if self.pair.drafter is not None else None
         try:
-            self.drafter_runtime = choose_drafter_runtime(
-                options, model, gguf, context_length=self.pair.context_length
-            )
-        except LlamaCppUnavailable as error:
-            raise BenchError(f"the drafter cannot run in llama.cpp: {error}") from None
-        except StaticRuntimeRefused as error:
-            raise BenchError(f"the static runtime cannot run the drafter: {error}") from None
+            self.drafter_runtime = drafter_runtime(options, self.pair)
+        except SettingError as error:
+            raise BenchError(str(error)) from None
         return self._build_drafter(keep_between_prompts=False)
 
     def _choose_draft_source(self) -> None:
