@@ -20,7 +20,7 @@ from specrepl.engine.clock import Clock
 from specrepl.engine.drafters.lookup import LookupDrafter
 from specrepl.engine.drafters.model import ModelDrafter
 from specrepl.engine.generation import autoregressive_generate, speculative_generate
-from specrepl.engine.processors import MultinomialProcessor, usable_logits
+from specrepl.engine.processors import MultinomialProcessor, UnusableLogitsError, usable_logits
 from specrepl.engine.verification import greedy_verdict, sampling_verdict
 from specrepl.testing import HostReads, perturbed_copy, tiny_llama
 
@@ -91,3 +91,44 @@ def test_a_clock_on_a_cpu_reads_the_host() -> None:
     assert start.events == () and end.events == ()
     assert clock.seconds(start, end) == pytest.approx(end.host - start.host)
     assert clock.active == pytest.approx(end.host - start.host)
+
+
+def test_the_one_pass_verdict_is_usable_logits_argmax() -> None:
+    """The verdict takes each row's largest in one pass and resolves a row whose
+    largest is not finite again: the same choices as `usable_logits`' argmax,
+    whatever NaN and infinities the rows hold; a row with no finite logit is refused."""
+    generator = torch.Generator().manual_seed(0)
+    for case in range(300):
+        logits = torch.randn(5, 40, generator=generator)
+        for _ in range(case % 6):
+            row, column = torch.randint(5, (1,), generator=generator), torch.randint(40, (1,))
+            logits[row, column] = (math.nan, math.inf, -math.inf)[case % 3]
+        drafts = torch.randint(40, (4,), generator=generator)
+        if not torch.isfinite(logits).any(dim=-1).all():
+            with pytest.raises(UnusableLogitsError):
+                greedy_verdict(drafts, logits)
+            continue
+        choices = torch.argmax(usable_logits(logits), dim=-1).tolist()
+        verdict = greedy_verdict(drafts, logits)
+        accepted = next((i for i in range(4) if drafts[i] != choices[i]), 4)
+        assert (verdict.accepted, verdict.token) == (accepted, choices[accepted]), case
+        assert verdict.token_tensor.tolist() == [verdict.token]
+
+
+def test_a_sampled_step_over_overflowed_logits_is_decided_again() -> None:
+    """Logits with an infinity: the unread probabilities say they are not right,
+    the verdict drawn from a stand-in is dropped, and the checked probabilities
+    (the +inf takes its row's mass) decide."""
+    processor = MultinomialProcessor(1.0)
+    logits = torch.randn(5, 32)
+    logits[2, 7] = math.inf
+    probs, usable = processor.unread_probabilities(logits)
+    assert not bool(usable)
+    drafts, q = torch.tensor([1, 2, 3, 4]), torch.softmax(torch.randn(4, 32), dim=-1)
+    assert sampling_verdict(drafts, q, probs, None, usable) is None
+    checked = processor.probabilities(logits)
+    assert checked[2, 7] == 1.0
+    fine = torch.randn(5, 32)
+    probs, usable = processor.unread_probabilities(fine)
+    assert bool(usable)
+    torch.testing.assert_close(probs, processor.probabilities(fine))

@@ -90,17 +90,16 @@ def usable_logits(logits: torch.Tensor) -> torch.Tensor:
 
 
 def unread_usable_logits(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """`usable_logits` without reading anything back from the logits' device:
-    the logits resolved as it resolves them, and a one-element bool tensor on
-    that device saying whether every row had a finite logit (where it does not,
-    the caller raises `unusable_logits_error`, after the one read of its step)."""
+    """`usable_logits` for the usual logits, without reading anything back from
+    their device: float32, each row shifted by its largest, and a one-element
+    bool tensor on that device saying whether every row's largest was finite.
+    Where it was, the rows are what `usable_logits` gives (a row whose largest
+    is finite holds no NaN and no +inf); where not (NaN or an infinity: a
+    half-precision overflow, rare), some rows are not, and the caller, after
+    its read, takes `usable_logits` instead (which resolves or refuses them)."""
     logits = logits.float()
-    usable = torch.isfinite(logits).any(dim=-1).all()
-    logits = logits.masked_fill(torch.isnan(logits), -math.inf)
-    infinite = logits == math.inf
-    overflow = infinite.any(dim=-1, keepdim=True)
-    logits = torch.where(overflow, torch.where(infinite, 0.0, -math.inf), logits)
-    return logits - logits.amax(dim=-1, keepdim=True), usable
+    largest = logits.amax(dim=-1, keepdim=True)
+    return logits - largest, torch.isfinite(largest).all()
 
 
 def unusable_logits_error(logits: torch.Tensor) -> UnusableLogitsError:
@@ -183,8 +182,8 @@ class LogitsProcessor(ABC):
 
     def unread_probabilities(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """`probabilities` without reading back from the device (`unread_usable_logits`):
-        the distributions and whether every row was usable (a one-element bool
-        tensor; rows that were not hold no distribution)."""
+        the distributions and whether they are all right (a one-element bool
+        tensor; where not, the caller takes `probabilities` after its read)."""
         usable_rows, usable = unread_usable_logits(logits)
         return _softmax(self._transform(usable_rows)), usable
 

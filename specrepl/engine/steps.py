@@ -169,7 +169,12 @@ def _verify(
         point = draft.tokens.unsqueeze(1)
         draft_probs = torch.zeros(len(draft), vocab_size, device=point.device)
         draft_probs.scatter_(1, point, 1.0)
-    return sampling_verdict(draft.tokens, draft_probs, target_probs, generator, usable, logits)
+    verdict = sampling_verdict(draft.tokens, draft_probs, target_probs, generator, usable)
+    if verdict is None:  # NaN or infinite logits (rare): resolved, or refused, and decided again
+        checked = processor.probabilities(logits)
+        verdict = sampling_verdict(draft.tokens, draft_probs, checked, generator)
+    assert verdict is not None
+    return verdict
 
 
 def _up_to_end(

@@ -67,20 +67,33 @@ def greedy_verdict(drafts: torch.Tensor, target_logits: torch.Tensor) -> Verdict
 
     `drafts`: (gamma,) token ids; `target_logits`: (gamma + 1, vocab), any float dtype.
     A NaN is never the argmax; a +inf is (the first). Raises UnusableLogitsError
-    when a position has no finite logit."""
-    logits = target_logits.float()
-    usable = torch.isfinite(logits).any(dim=-1)
-    choices = torch.argmax(logits.masked_fill(torch.isnan(logits), -math.inf), dim=-1)
-    choices = torch.where(usable, choices, -1)
+    when a position has no finite logit.
+
+    One pass over the logits: each row's largest value and where it is. A row
+    whose largest is finite holds no NaN and no infinity above it, so that is
+    its argmax; only a row whose largest is not (NaN or an infinity: rare, a
+    half-precision overflow) is resolved again, after the read."""
+    values, choices = torch.max(target_logits, dim=-1)
     gamma = drafts.shape[0]
-    read = torch.cat((choices, drafts.to(choices.device, torch.long))).tolist()
-    targets, drafted = read[: gamma + 1], read[gamma + 1 :]
-    if -1 in targets:
-        raise unusable_logits_error(logits)
+    finite = torch.isfinite(values).to(torch.long)
+    read = torch.cat((choices, finite, drafts.to(choices.device, torch.long))).tolist()
+    targets, drafted = read[: gamma + 1], read[2 * gamma + 2 :]
+    if not all(read[gamma + 1 : 2 * gamma + 2]):
+        choices = _resolved_choices(target_logits)
+        targets = choices.tolist()
     accepted = 0
     while accepted < gamma and drafted[accepted] == targets[accepted]:
         accepted += 1
     return Verdict(accepted, targets[accepted], drafted, choices[accepted : accepted + 1])
+
+
+def _resolved_choices(target_logits: torch.Tensor) -> torch.Tensor:
+    """Each row's argmax with NaN taken for -inf (a +inf wins, the first);
+    UnusableLogitsError where a row has no finite logit."""
+    logits = target_logits.float()
+    if not bool(torch.isfinite(logits).any(dim=-1).all()):
+        raise unusable_logits_error(logits)
+    return torch.argmax(logits.masked_fill(torch.isnan(logits), -math.inf), dim=-1)
 
 
 def verify_greedy(drafts: torch.Tensor, target_logits: torch.Tensor) -> tuple[int, int]:
@@ -107,15 +120,14 @@ def sampling_verdict(
     target_probs: torch.Tensor,
     generator: torch.Generator | None = None,
     usable: torch.Tensor | None = None,
-    target_logits: torch.Tensor | None = None,
-) -> Verdict:
+) -> Verdict | None:
     """Speculative rejection sampling over all draft positions at once.
 
     `drafts`: (gamma,); `draft_probs` q: (gamma, vocab); `target_probs` p:
     (gamma + 1, vocab). `usable` (a one-element bool tensor, from
-    `LogitsProcessor.unread_probabilities`) says whether every row of the
-    target's logits `target_logits` had a finite value: read with the rest,
-    UnusableLogitsError where not."""
+    `LogitsProcessor.unread_probabilities`) says whether p is right: read
+    with the rest; where it was not, a stand-in was drawn from and None is
+    returned (the caller decides again from checked probabilities)."""
     gamma = drafts.shape[0]
     device = target_probs.device
     if gamma:
@@ -134,14 +146,14 @@ def sampling_verdict(
     else:
         accepted = torch.zeros(1, dtype=torch.int64, device=device)
         law = target_probs[0]
-    if usable is not None:  # unusable logits leave NaN: draw from a stand-in, then refuse
+    if usable is not None:  # p not right: draw from a stand-in, decided again after the read
         law = torch.where(usable, law, torch.ones_like(law))
     token = torch.multinomial(law, 1, generator=generator)
     flag = torch.ones(1, dtype=torch.int64, device=device) if usable is None else usable
     parts = (accepted, token, flag.reshape(1).to(torch.int64), drafts.to(device, torch.long))
     read = torch.cat(parts).tolist()
     if not read[2]:
-        raise unusable_logits_error(target_probs if target_logits is None else target_logits)
+        return None
     return Verdict(read[0], read[1], read[3:], token)
 
 
@@ -153,4 +165,5 @@ def verify_sampling(
 ) -> tuple[int, int]:
     """`sampling_verdict`'s number of drafts kept and the target's token."""
     verdict = sampling_verdict(drafts, draft_probs, target_probs, generator)
+    assert verdict is not None  # no `usable` given: p is taken as it is
     return verdict.accepted, verdict.token
