@@ -31,12 +31,11 @@ returning the two numbers.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
 
-from specrepl.engine.processors import unusable_logits_error
+from specrepl.engine.processors import usable_logits
 
 __all__ = [
     "Verdict",
@@ -79,21 +78,12 @@ def greedy_verdict(drafts: torch.Tensor, target_logits: torch.Tensor) -> Verdict
     read = torch.cat((choices, finite, drafts.to(choices.device, torch.long))).tolist()
     targets, drafted = read[: gamma + 1], read[2 * gamma + 2 :]
     if not all(read[gamma + 1 : 2 * gamma + 2]):
-        choices = _resolved_choices(target_logits)
+        choices = torch.argmax(usable_logits(target_logits), dim=-1)  # resolves, or refuses
         targets = choices.tolist()
     accepted = 0
     while accepted < gamma and drafted[accepted] == targets[accepted]:
         accepted += 1
     return Verdict(accepted, targets[accepted], drafted, choices[accepted : accepted + 1])
-
-
-def _resolved_choices(target_logits: torch.Tensor) -> torch.Tensor:
-    """Each row's argmax with NaN taken for -inf (a +inf wins, the first);
-    UnusableLogitsError where a row has no finite logit."""
-    logits = target_logits.float()
-    if not bool(torch.isfinite(logits).any(dim=-1).all()):
-        raise unusable_logits_error(logits)
-    return torch.argmax(logits.masked_fill(torch.isnan(logits), -math.inf), dim=-1)
 
 
 def verify_greedy(drafts: torch.Tensor, target_logits: torch.Tensor) -> tuple[int, int]:
