@@ -34,23 +34,16 @@ if [ "$llamacpp" = 1 ]; then
   if "$py" -c 'import llama_cpp' 2>/dev/null; then
     echo "llama-cpp-python is already installed in $venv"
   else
-    # No wheel is published on PyPI, so pip compiles llama.cpp. On an x86 CPU
-    # with AVX2, a portable AVX2 build without the AMX and weight-repacking
-    # paths: a native build of 0.3.36 crashed in llama_decode on an Intel Xeon
-    # with AMX. Elsewhere (no AVX2, ARM) a build for this CPU, which an AVX2
-    # build would crash on. CMAKE_ARGS set by the caller replace these options
+    # No wheel is published on PyPI, so pip compiles llama.cpp, for the
+    # instruction sets this CPU has (scripts/llamacpp_build_options.sh says
+    # which and why). CMAKE_ARGS set by the caller replace these options
     # (e.g. -DGGML_CUDA=on).
-    llama_args="-DGGML_NATIVE=ON"
-    if [ "$(uname -m)" = x86_64 ] && grep -qw avx2 /proc/cpuinfo 2>/dev/null; then
-      llama_args="-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF -DGGML_CPU_REPACK=OFF"
-    fi
+    llama_args="$(bash scripts/llamacpp_build_options.sh)"
     echo "building llama-cpp-python from source (about 5 minutes on 2 cores, once)…"
-    # pip keeps the wheel it builds and would reuse it whatever CMAKE_ARGS say:
-    # build afresh when the caller chose the options
-    cache=()
-    if [ -n "${CMAKE_ARGS:-}" ]; then cache=(--no-cache-dir); fi
+    # pip keeps the wheel it builds and would reuse it whatever CMAKE_ARGS say,
+    # on whatever CPU built it: build afresh
     if ! CMAKE_ARGS="${CMAKE_ARGS:-$llama_args}" \
-      "$py" -m pip install -q ${cache[@]+"${cache[@]}"} llama-cpp-python==0.3.36; then
+      "$py" -m pip install -q --no-cache-dir llama-cpp-python==0.3.36; then
       if [ "${SPECREPL_REQUIRE_LLAMACPP:-0}" = 1 ]; then
         echo "setup.sh: llama-cpp-python did not build (SPECREPL_REQUIRE_LLAMACPP=1)" >&2
         exit 1

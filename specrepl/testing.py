@@ -401,7 +401,9 @@ def assert_speculative_sampling_is_exact(
         counts[key] = counts.get(key, 0) + 1
         accepted, drafted = accepted + result.accepted, drafted + result.drafted
     assert set(counts) <= set(law), "an outcome the target's law does not allow"
-    assert 0.05 < accepted / drafted < 0.98, "drafts must be rejected sometimes to test much"
+    assert 0.05 < accepted / drafted < 0.98, (
+        f"drafts must be rejected sometimes to test much: {accepted} of {drafted} accepted"
+    )
     p_value, total_variation = distance_from_law(counts, law)
     assert p_value > 1e-3 and total_variation < 0.08, (p_value, total_variation)
 

@@ -10,6 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import torch
 from rich.console import Console
 
 import specrepl.engine.drafters.runtime as runtime_choice
@@ -99,7 +100,20 @@ def test_llamacpp_runs_the_embedded_gguf_beside_specrepl(embedded_pair: ModelPai
     plain, lookup, target = runs["llamacpp"], runs["llamacpp_lookup"], runs["target"]
     assert 1 <= len(plain.token_ids) <= 24 and plain.seconds > 0
     assert lookup.token_ids == plain.token_ids
-    assert plain.token_ids[:4] == target.token_ids[:4]
+    # The 4-bit file starts the answer as the float32 target does, and where
+    # it parts from it, it took the target's second choice at a near-tie
+    # (after "1. Red" the target's ':' leads '\n' by 0.12: an AVX-512 build
+    # of llama.cpp takes '\n', the AVX2 build ':').
+    shorter = min(len(plain.token_ids), len(target.token_ids))
+    agreed = next((n for n in range(shorter) if plain.token_ids[n] != target.token_ids[n]), shorter)
+    assert agreed >= 3, (plain.token_ids, target.token_ids)
+    if agreed < shorter:
+        seen = benchmark.prompt_ids(prompt.text) + target.token_ids[:agreed]
+        with torch.no_grad():
+            logits = embedded_pair.target.model(torch.tensor([seen])).logits[0, -1]
+        best = torch.topk(logits.float(), 2)
+        assert int(best.indices[1]) == plain.token_ids[agreed]
+        assert float(best.values[0] - best.values[1]) < 0.5
     # A second run starts from a clean state: the same tokens, no cached prompt reused.
     again = benchmark.run_method(benchmark.methods[2], benchmark.prompt_ids(prompt.text), 24, 0)
     assert again.token_ids == plain.token_ids

@@ -38,6 +38,7 @@ import torch
 from specrepl.chat.settings import Settings
 from specrepl.engine.drafters.base import Drafter
 from specrepl.engine.generation import GenerationInterrupted, speculative_generate
+from specrepl.engine.llamacpp import build_identity
 from specrepl.engine.processors import make_processor
 from specrepl.engine.runtime import RunnableModel
 from specrepl.engine.widths import cpu_identity
@@ -130,8 +131,9 @@ class DraftChoice:
 def choice_key(pair: ModelPair, settings: Settings, head_path: Path, runtime: str) -> str:
     """What a stored choice must match: both models as loaded, the head's weights,
     what runs the drafter model (`runtime`), the gamma policy and cache, the
-    machine and torch. A split or offloaded target is another target here: its
-    passes cost far more, which may change which source pays."""
+    machine and torch, and llama.cpp's build where it runs a model. A split or
+    offloaded target is another target here: its passes cost far more, which
+    may change which source pays."""
     target, drafter = pair.target, pair.drafter
     models = [f"{target.name} {target.dtype} {target.quantization} {target.device}"]
     if target.offloaded:
@@ -151,6 +153,7 @@ def choice_key(pair: ModelPair, settings: Settings, head_path: Path, runtime: st
         _device_name(pair.device),
         f"threads={torch.get_num_threads()}",
         f"torch={torch.__version__}",
+        *((build_identity(),) if "llama.cpp" in runtime else ()),
     )
     return " | ".join(parts)
 

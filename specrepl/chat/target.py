@@ -18,12 +18,11 @@ This module knows nothing about the terminal.
 from __future__ import annotations
 
 import time
-from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from specrepl.chat.settings import SettingError, Settings
-from specrepl.engine.llamacpp import LlamaCppUnavailable
+from specrepl.engine.llamacpp import LlamaCppUnavailable, build_identity
 from specrepl.engine.near_ties import weigh_difference
 from specrepl.engine.output_match import TieCheck
 from specrepl.engine.runtime import RunnableModel
@@ -164,19 +163,15 @@ def _choice_key(settings: Settings) -> tuple[str, bool]:
 def verdict_key(pair: ModelPair, gguf: Path | None) -> str:
     """What a stored "auto" verdict must match: the target as loaded, its
     float32 GGUF file (if any), the machine (with its GPU where the target runs
-    on one), the threads, the context and the runtimes' versions."""
+    on one), the threads, the context and the runtimes' versions (llama.cpp's build)."""
     target = pair.target
-    try:
-        llama_cpp = metadata.version("llama-cpp-python")
-    except metadata.PackageNotFoundError:
-        llama_cpp = "none"
     on_gpu = target.device.type == "cuda"
     parts = (
         f"{target.name} {target.dtype} {target.quantization} {target.device}",
         "no GGUF" if gguf is None else fingerprint(gguf)[:16],
         *((processor_name(target.device), f"context={pair.context_length}") if on_gpu else ()),
         *machine_parts(),
-        f"llama-cpp-python={llama_cpp}",
+        build_identity(),
     )
     return " | ".join(parts)
 

@@ -48,6 +48,7 @@ from specrepl.store.paths import fingerprint, llamacpp_trials_file
 __all__ = [
     "INSTALL_HINT",
     "LlamaCppUnavailable",
+    "build_identity",
     "import_llamacpp",
     "open_gguf",
     "sequences",
@@ -249,21 +250,29 @@ def _trial_environment() -> dict[str, str]:
 
 
 def _trial_key(path: Path) -> str:
-    """What a verdict holds for: the binding's version and library files, the
-    CPU (model name and feature flags), the file's content and the trial's code."""
+    """What a verdict holds for: the binding's build, the CPU (model name and
+    feature flags), the file's content and the trial's code."""
+    trial = hashlib.sha256(_TRIAL.encode()).hexdigest()[:12]  # a new trial runs again
+    parts = (build_identity(), _cpu_identity(), fingerprint(path), trial)
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:32]
+
+
+def build_identity() -> str:
+    """The llama-cpp-python installed here as a stored verdict must match it:
+    its version and its library files (names, sizes, times: a build for other
+    instruction sets keeps the version); "llama-cpp-python=none" without one."""
     try:
         version = importlib.metadata.version("llama_cpp_python")
     except importlib.metadata.PackageNotFoundError:
-        version = "unknown"
+        return "llama-cpp-python=none"
     spec = importlib.util.find_spec("llama_cpp")
     library = []
     for location in (spec.submodule_search_locations or []) if spec else []:
         for file in sorted(Path(location).glob("lib/*")):
             stat = file.stat()
             library.append(f"{file.name}:{stat.st_size}:{stat.st_mtime_ns}")
-    trial = hashlib.sha256(_TRIAL.encode()).hexdigest()[:12]  # a new trial runs again
-    parts = (version, "|".join(library), _cpu_identity(), fingerprint(path), trial)
-    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:32]
+    files = hashlib.sha256("|".join(library).encode()).hexdigest()[:12]
+    return f"llama-cpp-python={version} build={files}"
 
 
 def _cpu_identity() -> str:
