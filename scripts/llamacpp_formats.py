@@ -41,7 +41,7 @@ from specrepl.models.embedded import embedded_gguf_path
 from specrepl.models.loading import load_pair
 from specrepl.models.prompting import chat_prompt_ids
 
-FORMATS = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 8, "Q8_0": 7, "IQ4_NL": 25, "BF16": 32}
+FORMATS = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 8, "Q8_0": 7, "IQ4_NL": 25, "F16": 1, "BF16": 32}
 """llama.cpp's file types (enum llama_ftype) by name."""
 
 DEV_PROMPTS = Path(__file__).resolve().parents[1] / "benchmarks" / "dev_prompts.jsonl"
