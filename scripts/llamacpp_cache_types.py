@@ -59,7 +59,18 @@ def open_model(path: Path, cache_type: int, flash: bool, context: int):
         llamacpp_runtime.open_gguf = real_open
 
 
+def target_file(given: Path | None) -> Path:
+    """`given`, or the embedded model's float32 GGUF file (written once)."""
+    if given is not None:
+        return given
+    from specrepl.models.embedded import embedded_gguf_path
+    from specrepl.models.gguf_f32 import float32_gguf
+
+    return float32_gguf(embedded_gguf_path())
+
+
 def text_tokens(model, count: int) -> list[int]:
+    """At least `count` + 64 tokens of the pasted chat's text (repeated as needed)."""
     lines = Path("benchmarks/chat_pasted.jsonl").read_text().splitlines()
     text = "\n\n".join(turn for line in lines for turn in json.loads(line)["turns"])
     ids = model.llama.tokenize(text.encode(), add_bos=False, special=False)
@@ -114,12 +125,7 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=None)
     arguments = parser.parse_args()
     llama_cpp = import_llamacpp()
-    path = arguments.gguf
-    if path is None:
-        from specrepl.models.embedded import embedded_gguf_path
-        from specrepl.models.gguf_f32 import float32_gguf
-
-        path = float32_gguf(embedded_gguf_path())
+    path = target_file(arguments.gguf)
     settings = [
         ("f32 cache", llama_cpp.GGML_TYPE_F32, False),
         ("f32 cache, flash", llama_cpp.GGML_TYPE_F32, True),

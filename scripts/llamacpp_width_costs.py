@@ -26,19 +26,11 @@ import time
 from pathlib import Path
 
 import torch
+from llamacpp_cache_types import target_file, text_tokens  # a sibling script
 
 from specrepl.engine import llamacpp_runtime
 from specrepl.engine.llamacpp import import_llamacpp
 from specrepl.engine.widths import cpu_identity
-
-
-def chat_tokens(model, count: int) -> list[int]:
-    lines = Path("benchmarks/chat_pasted.jsonl").read_text().splitlines()
-    text = "\n\n".join(turn for line in lines for turn in json.loads(line)["turns"])
-    ids = model.llama.tokenize(text.encode(), add_bos=False, special=False)
-    while len(ids) < count + 64:
-        ids = ids + ids
-    return ids
 
 
 def pass_costs(
@@ -72,17 +64,12 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=None)
     arguments = parser.parse_args()
     llama_cpp = import_llamacpp()
-    path = arguments.gguf
-    if path is None:
-        from specrepl.models.embedded import embedded_gguf_path
-        from specrepl.models.gguf_f32 import float32_gguf
-
-        path = float32_gguf(embedded_gguf_path())
+    path = target_file(arguments.gguf)
     contexts = [int(value) for value in arguments.contexts.split(",")]
     widths = [int(value) for value in arguments.widths.split(",")]
     model = llamacpp_runtime.LlamaCppModel(path, context_length=max(contexts) + 128)
     runtime = model.open()
-    ids = chat_tokens(model, max(contexts) + max(widths))
+    ids = text_tokens(model, max(contexts) + max(widths))
     runtime.score(torch.tensor(ids[:32]), 1, model.width)
     system = llama_cpp.llama_print_system_info().decode().strip()
     results = {}
