@@ -375,26 +375,30 @@ def assert_speculative_sampling_is_exact(
     options: dict[str, Any],
     *,
     law_model: Any = None,
+    gamma: int = 2,
+    length: int = 3,
+    samples: int = 800,
 ) -> None:
-    """Sample the 3 tokens after `ids` 800 times by speculative decoding
-    (gamma 2, the target's prompt kept in a prompt cache, a seeded generator)
+    """Sample the `length` tokens after `ids` `samples` times by speculative decoding
+    (`gamma`, the target's prompt kept in a prompt cache, a seeded generator)
     and assert that they follow the target's exact law under `processor`
     (chi-square p > 1e-3, total variation < 0.08), having drafted often
     enough to test something (some drafts accepted, some rejected). Keep the
-    processor's support small (top-3: 27 outcomes). The law is enumerated
+    outcomes few against the samples (top-3 over 3 tokens: 27 outcomes, 800
+    samples; top-2 over 5 tokens: 32, 1,600). The law is enumerated
     with `law_model` (a torch model with the target's weights) where the
     target is not a torch model itself."""
     from specrepl.engine.generation import speculative_generate
     from specrepl.engine.prompt_cache import PromptCache
 
-    law = law_after(target if law_model is None else law_model, processor, ids, 3)
+    law = law_after(target if law_model is None else law_model, processor, ids, length)
     kept = PromptCache()
     generator = torch.Generator().manual_seed(0)
     counts: dict[tuple[int, ...], int] = {}
     accepted = drafted = 0
-    for _ in range(800):
+    for _ in range(samples):
         result = speculative_generate(
-            ids, drafter, target, logits_processor=processor, gamma=2, max_gen_len=3,
+            ids, drafter, target, logits_processor=processor, gamma=gamma, max_gen_len=length,
             generator=generator, prompt_cache=kept, **options,
         )  # fmt: skip
         key = tuple(result.token_ids)

@@ -826,3 +826,113 @@ def test_greedy_speculative_equals_the_target_with_a_windowed_copy(tiny, window)
         assert result.token_ids == reference.token_ids, turn
         history = [*ids, *result.token_ids]
     assert len(drafter.held()) < len(history)
+
+
+def test_the_shortest_stretch_handed_over_is_the_first_that_costs_less_than_its_read() -> None:
+    """`fewest_worth_handing_over`: reads[w - 1] is a pass of w tokens; a
+    stretch of `count` is worth handing over where that costs less than the
+    pass of `count` + 1 tokens costs more than the one-token pass."""
+    from specrepl.engine.drafters.llamacpp_state import fewest_worth_handing_over
+
+    reads = [0.010, 0.016, 0.018, 0.022]  # a 4-bit copy: every token read costs
+    assert fewest_worth_handing_over(reads, [0.0006, 0.0006, 0.0006]) == 1
+    assert fewest_worth_handing_over(reads, [0.0070, 0.0070, 0.0070]) == 2
+    flat = [0.010, 0.0102, 0.0104, 0.0106]  # a wider pass costs next to nothing more
+    assert fewest_worth_handing_over(flat, [0.0006, 0.0006, 0.0006]) == 4
+    assert fewest_worth_handing_over(flat, [0.0001, 0.0006, 0.0006]) == 1
+
+
+def kept_every_draft(drafter, runtime, ids: torch.Tensor, bonus: int) -> tuple:
+    """Draft 3 after `ids` (the target holding all but the last), then the
+    step where the target kept all 3 and added `bonus`: the next draft."""
+    first = drafter.propose(ids, 3, GreedyProcessor(), None)
+    longer = torch.cat([ids, first.tokens, torch.tensor([bonus])])
+    runtime.score(longer[:-1], 1, VOCAB)
+    drafter.update(longer, len(longer), target_cache=runtime)
+    return first, drafter.propose(longer, 3, GreedyProcessor(), None)
+
+
+def test_a_copy_takes_the_draft_it_never_read_where_the_probe_found_that_cheaper(tiny) -> None:
+    """After a step that kept every draft, the copy lacks its last draft (it
+    never fed it) besides the target's new token. Where a handover of one
+    position is worth it (`fewest_positions` 1), it takes that position from
+    the target and reads the one token, and drafts what a copy reading both
+    drafts; else it reads both."""
+    from specrepl.engine.drafters.llamacpp import llamacpp_drafter
+    from specrepl.engine.drafters.llamacpp_state import probe_state_importer
+
+    _, llama = tiny
+    ids = torch.randint(4, VOCAB, (40,), generator=torch.Generator().manual_seed(11))
+    drafts = {}
+    for fewest in (1, 4):
+        importer, reason = probe_state_importer(llama.path, llama, context_length=256, threads=1)
+        assert importer is not None, reason
+        assert 1 <= importer.fewest_positions <= 4 and "position" in reason
+        importer.fewest_positions = fewest
+        drafter = llamacpp_drafter(importer.llama, importer=importer)
+        runtime = llama.open()
+        runtime.score(ids[:-1], 1, VOCAB)
+        drafter.begin(ids, VOCAB)
+        drafter.update(ids, len(ids), target_cache=runtime)
+        first, second = kept_every_draft(drafter, runtime, ids, bonus=7)
+        assert (first.imported_tokens, first.read_tokens) == (39, 1)
+        expected = (1, 1) if fewest == 1 else (0, 2)
+        assert (second.imported_tokens, second.read_tokens) == expected
+        drafts[fewest] = (first.tokens.tolist(), second.tokens.tolist())
+    assert drafts[1] == drafts[4]
+
+
+def copy_taking_every_position(path: Path) -> tuple[ModelDrafter, list[int]]:
+    """The model drafter over the GGUF file at `path` in llama.cpp, taking a
+    llama.cpp target's keys and values however few (`fewest_positions` 1),
+    and the list to which each handover appends how many positions it took."""
+    from specrepl.engine.drafters.llamacpp import llamacpp_drafter
+    from specrepl.engine.drafters.llamacpp_state import StateImporter
+    from specrepl.engine.llamacpp import import_llamacpp, open_gguf
+
+    library = import_llamacpp()
+    llama = open_gguf(
+        path, context_length=256, threads=1, sequences=2,
+        type_k=library.GGML_TYPE_F32, type_v=library.GGML_TYPE_F32,
+    )  # fmt: skip
+    importer = StateImporter(llama, seconds_per_position=0.0)
+    importer.fewest_positions = 1
+    handed: list[int] = []
+    append = importer.append
+
+    def recorded(target, start: int, count: int, tokens, **keywords) -> float:
+        handed.append(count - start)
+        return append(target, start, count, tokens, **keywords)
+
+    importer.append = recorded  # type: ignore[method-assign]
+    return llamacpp_drafter(llama, importer=importer, keep_between_prompts=True), handed
+
+
+def test_a_chat_stays_exact_with_a_copy_taking_every_position(tiny) -> None:
+    """Greedy over a three-turn chat with kept caches: the copy takes even one
+    position a step from the target, and the text is the target's."""
+    _, llama = tiny
+    drafter, handed = copy_taking_every_position(llama.path)
+    results = chat_turns(llama, drafter)
+    assert all(result.accepted > 0 for _, result in results)
+    assert handed.count(1) >= 3
+
+
+def test_sampling_with_a_copy_taking_every_position_follows_the_targets_law(
+    tiny, tmp_path: Path
+) -> None:
+    """A perturbed copy (drafts differ from the target's law, so some are
+    rejected) taking even one position a step from the target: chi-square
+    against the target's exact law. Gamma 1 and 5 tokens (the first comes
+    from the prompt's pass), so that a step after a kept draft comes within
+    the tokens sampled: the copy then takes that one position."""
+    model, llama = tiny
+    path = tiny_gguf(perturbed_copy(model, 0.1, seed=1), tmp_path / "copy.gguf")
+    drafter, handed = copy_taking_every_position(path)
+    options = {"eos_tokens_id": None, "vocab_size": VOCAB}
+    processor = TopKProcessor(top_k=2)  # 32 outcomes of 5 tokens
+    assert_speculative_sampling_is_exact(
+        llama, drafter, PROMPT, processor, options,
+        law_model=model, gamma=1, length=5, samples=1600,
+    )  # fmt: skip
+    assert handed.count(1) > 100

@@ -23,7 +23,12 @@ move would make llama.cpp rotate every cell of the context at the next pass).
 `probe_state_importer` checks on random tokens that the copy, after a
 handover (whole, then appended), predicts what it predicts after reading for
 itself; any failure gives no importer, with the reason, and the copy reads as
-before. The output never depends on this: the target verifies every draft.
+before. The probe also times handing over one, two and three positions
+against reading them in the pass the copy runs anyway for the last token's
+logits (`measure_fewest_positions`): where a wider pass costs more than the
+handover, even the one drafted token a step that the copy has not read (all
+drafts kept) is taken from the target. The output never depends on this: the
+target verifies every draft.
 
 This module knows nothing about drafting policies, torch targets or settings.
 """
@@ -41,7 +46,12 @@ from specrepl.engine.drafters.llamacpp import held_positions
 from specrepl.engine.drafters.llamacpp_kv import cosine, last_logits
 from specrepl.engine.llamacpp import LlamaCppUnavailable, import_llamacpp, open_gguf
 
-__all__ = ["SequenceStates", "StateImporter", "probe_state_importer"]
+__all__ = [
+    "SequenceStates",
+    "StateImporter",
+    "fewest_worth_handing_over",
+    "probe_state_importer",
+]
 
 PROBE_TOKENS = 24
 MIN_AGREEMENT = 0.99
@@ -59,6 +69,14 @@ heads and float32 keys and values), while the rest is its cheap 4-bit pass."""
 
 MIN_HELD_WINDOW = 256
 """The fewest positions a windowed copy holds (besides the chat's start)."""
+
+SHORT_STRETCHES = 3
+"""The longest stretch whose handover the probe times against reading it in
+the drafting pass (beside the last token, which the copy reads anyway for its
+logits). Past it the drafter's batched read rate decides (`import_pays`)."""
+
+TIMING_REPEATS = 3
+"""Timed passes (after one to warm up) of which the least is taken."""
 
 
 class SequenceStates(Protocol):
@@ -88,7 +106,8 @@ class StateImporter:
     windows = True
     """`append(..., held=)` can put the target's positions after a gap, and
     `drop` lets go of held ones: the copy can hold a window of a long chat."""
-    fewest_positions = 3  # one or two cost a call more than a read in the drafting pass
+    fewest_positions = SHORT_STRETCHES + 1
+    """Until `measure_fewest_positions` times them: no short stretch is handed over."""
 
     def __init__(self, llama: Any, *, seconds_per_position: float) -> None:
         self.llama = llama
@@ -195,13 +214,13 @@ class StateImporter:
         holding `HELD_PROBE` (the target's `PROBE_TOKENS` written again and
         again at later positions: the cost of attention does not depend on
         what the keys hold), set `held_window` from the two, and say so."""
-        short = self._step_seconds(tokens[PROBE_TOKENS])
+        short = self._pass_seconds(tokens[PROBE_TOKENS:], repeats=7)
         held = PROBE_TOKENS
         limit = min(HELD_PROBE, int(self.llama.n_ctx()) - 2 * PROBE_TOKENS)
         while held + PROBE_TOKENS <= limit:
             self._stack(target, held)
             held += PROBE_TOKENS
-        long = self._step_seconds(tokens[PROBE_TOKENS])
+        long = self._pass_seconds(tokens[PROBE_TOKENS:], repeats=7)
         self.llama.n_tokens = 0
         self._library.llama_memory_seq_rm(self._memory, 0, -1, -1)
         if held < 4 * PROBE_TOKENS:
@@ -216,6 +235,55 @@ class StateImporter:
             f" (a step: {rest * 1e3:.1f} ms + {per_position * 1e6:.1f} us a held position)"
         )
 
+    def measure_fewest_positions(self, target: SequenceStates, tokens: list[int]) -> str:
+        """Time the copy's passes of 1 to `SHORT_STRETCHES` + 1 of `tokens`
+        after what it holds and handovers of 1 to `SHORT_STRETCHES` of the
+        target's positions there, set `fewest_positions`
+        (`fewest_worth_handing_over`) and say so. The target holds at least
+        `PROBE_TOKENS` of `tokens`."""
+        held = PROBE_TOKENS - SHORT_STRETCHES
+        self.write(target, held, tokens)
+        reads = [
+            self._pass_seconds(tokens[held : held + width])
+            for width in range(1, SHORT_STRETCHES + 2)
+        ]
+        handovers = []
+        for count in range(1, SHORT_STRETCHES + 1):
+            times = [
+                self.append(target, held, held + count, tokens) for _ in range(TIMING_REPEATS + 1)
+            ]
+            handovers.append(min(times[1:]))
+        self.llama.n_tokens = 0
+        self.positions.cut(0)
+        self._library.llama_memory_seq_rm(self._memory, 0, -1, -1)
+        self.fewest_positions = fewest_worth_handing_over(reads, handovers)
+        if self.fewest_positions > SHORT_STRETCHES:
+            return (
+                f"reads stretches of up to {SHORT_STRETCHES} positions itself"
+                f" (one beside the last token: {1e3 * (reads[1] - reads[0]):.1f} ms more,"
+                f" handed over: {1e3 * handovers[0]:.1f} ms)"
+            )
+        shortest = self.fewest_positions
+        return (
+            f"takes even {shortest} position{'s' if shortest > 1 else ''} from the target"
+            f" ({1e3 * handovers[shortest - 1]:.1f} ms, against"
+            f" {1e3 * (reads[shortest] - reads[0]):.1f} ms to read beside the last token)"
+        )
+
+    def _pass_seconds(self, tokens: list[int], repeats: int = TIMING_REPEATS) -> float:
+        """Seconds of one pass of `tokens` after what the copy holds: the
+        least of `repeats` after one to warm up (it applies any moved
+        positions), as other work on the machine only adds."""
+        held = self.llama.n_tokens
+        times = []
+        for _ in range(repeats + 1):
+            self.llama.n_tokens = held
+            started = time.perf_counter()
+            self.llama.eval(tokens)
+            times.append(time.perf_counter() - started)
+        self.llama.n_tokens = held
+        return min(times[1:])
+
     def _stack(self, target: SequenceStates, held: int) -> None:
         """The target's first `PROBE_TOKENS` positions once more after the
         `held` the copy holds, moved there (llama.cpp rotates their keys): only
@@ -227,21 +295,6 @@ class StateImporter:
         library.llama_memory_seq_cp(self._memory, 1, 0, -1, -1)
         library.llama_memory_seq_rm(self._memory, 1, -1, -1)
         self.llama.n_tokens = held + PROBE_TOKENS
-
-    def _step_seconds(self, token: int, repeats: int = 7) -> float:
-        """Seconds of one token fed after what the copy holds: the least of
-        `repeats` (the first feed warms up and applies any moved positions;
-        the least, as other work on the machine only adds)."""
-        held = self.llama.n_tokens
-        times = []
-        for repeat in range(repeats + 1):
-            self.llama.n_tokens = held
-            started = time.perf_counter()
-            self.llama.eval([token])
-            if repeat:
-                times.append(time.perf_counter() - started)
-        self.llama.n_tokens = held
-        return min(times)
 
     def _check(self, target: SequenceStates, start: int, count: int, tokens: list[int]) -> None:
         if not 0 <= start < count or target.length < count or len(tokens) < count:
@@ -256,6 +309,18 @@ class StateImporter:
             if sequence == 0:
                 self.llama.n_tokens = 0
             raise RuntimeError(f"llama.cpp took {read} of {size} bytes of keys and values")
+
+
+def fewest_worth_handing_over(reads: list[float], handovers: list[float]) -> int:
+    """The shortest stretch worth taking from the target: the least `count`
+    whose handover (`handovers[count - 1]`, seconds) costs less than reading
+    it beside the last token, in one pass of `count` + 1 tokens instead of
+    one (`reads[width - 1]`: a pass of `width` tokens); `len(handovers)` + 1
+    where none does."""
+    for count, seconds in enumerate(handovers, start=1):
+        if seconds < reads[count] - reads[0]:
+            return count
+    return len(handovers) + 1
 
 
 def _held_window(importer: StateImporter, runtime: SequenceStates, tokens: list[int]) -> str:
@@ -318,6 +383,7 @@ def probe_state_importer(
                 "the copy predicts otherwise from the llama.cpp target's keys and values"
                 f" (cosine {min(whole, appended):.3f})"
             )
+        shortest = importer.measure_fewest_positions(runtime, tokens)
         held = _held_window(importer, runtime, tokens)
     except (RuntimeError, ValueError, OSError) as error:
         return None, f"the copy refused the llama.cpp target's keys and values ({error})"
@@ -325,5 +391,5 @@ def probe_state_importer(
         llama.n_tokens = 0
     return importer, (
         "takes the llama.cpp target's keys and values, new positions only"
-        f" (checked: cosine {min(whole, appended):.4f} on the probe); {held}"
+        f" (checked: cosine {min(whole, appended):.4f} on the probe); {shortest}; {held}"
     )
