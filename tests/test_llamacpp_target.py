@@ -842,6 +842,42 @@ def test_the_shortest_stretch_handed_over_is_the_first_that_costs_less_than_its_
     assert fewest_worth_handing_over(flat, [0.0001, 0.0006, 0.0006]) == 1
 
 
+def test_a_long_handover_teaches_the_cost_a_position_and_a_short_one_the_calls() -> None:
+    """`learn_append_cost`: a slow long append no longer makes the call's own
+    cost look dear (every short handover after it was refused)."""
+    from types import SimpleNamespace
+
+    from specrepl.engine.drafters.draft_runtime import learn_append_cost
+
+    def learnt(positions: int, seconds: float) -> tuple[float, float]:
+        costs = SimpleNamespace(seconds_per_position=0.0001, append_seconds=0.0005)
+        learn_append_cost(costs, positions, seconds, long_stretch=24)
+        return costs.seconds_per_position, costs.append_seconds
+
+    per_position, fixed = learnt(800, 0.150)
+    assert fixed == 0.0005
+    assert per_position == pytest.approx(0.7 * 0.0001 + 0.3 * (0.150 - 0.0005) / 800)
+    assert learnt(1, 0.0021) == (0.0001, pytest.approx(0.7 * 0.0005 + 0.3 * 0.002))
+    assert learnt(2, 0.0) == (0.0001, 0.7 * 0.0005)
+
+
+def test_a_long_handover_leaves_the_copys_own_cost_of_a_call(tiny) -> None:
+    from specrepl.engine.drafters.llamacpp_state import PROBE_TOKENS, probe_state_importer
+
+    _, llama = tiny
+    importer, reason = probe_state_importer(llama.path, llama, context_length=256, threads=1)
+    assert importer is not None, reason
+    ids = torch.randint(4, VOCAB, (120,), generator=torch.Generator().manual_seed(12)).tolist()
+    runtime = llama.open()
+    runtime.score(torch.tensor(ids), 1, VOCAB)
+    importer.write(runtime, 10, ids)
+    fixed, per_position = importer.append_seconds, importer.seconds_per_position
+    importer.append(runtime, 10, 10 + 4 * PROBE_TOKENS, ids)
+    assert importer.append_seconds == fixed and importer.seconds_per_position != per_position
+    importer.append(runtime, 10 + 4 * PROBE_TOKENS, 11 + 4 * PROBE_TOKENS, ids)
+    assert importer.append_seconds != fixed
+
+
 def kept_every_draft(drafter, runtime, ids: torch.Tensor, bonus: int) -> tuple:
     """Draft 3 after `ids` (the target holding all but the last), then the
     step where the target kept all 3 and added `bonus`: the next draft."""

@@ -22,7 +22,8 @@ They share one shape (`available`, `estimate`, `estimate_append`, `write`,
 and whether the copy can hold a window of the sequence (the target's
 positions after a gap, `drop` letting the oldest go), and `fewest_positions`:
 the shortest stretch worth a handover rather than a read in the pass the
-drafter runs anyway).
+drafter runs anyway). `learn_append_cost` keeps an importer's expected costs
+(a position's, and an append call's own) from its timed appends.
 
 This module knows nothing about drafting policies, llama.cpp or settings.
 """
@@ -40,7 +41,14 @@ from specrepl.engine.kv_cache import cached_length, can_copy_positions, copy_pos
 from specrepl.engine.runtime import RunnableModel, TorchModel
 from specrepl.engine.tuning import Tuning
 
-__all__ = ["DraftRuntime", "Importer", "TorchDraftRuntime", "TorchImporter"]
+__all__ = [
+    "AppendCosts",
+    "DraftRuntime",
+    "Importer",
+    "TorchDraftRuntime",
+    "TorchImporter",
+    "learn_append_cost",
+]
 
 
 class DraftRuntime(ABC):
@@ -103,6 +111,30 @@ class Importer(Protocol):
     def drop(self, after: int, count: int) -> None:
         """(One that `windows`:) let the copy's held `after`..`after + count - 1` go."""
         ...
+
+
+class AppendCosts(Protocol):
+    """What an importer expects an append to cost (seconds)."""
+
+    seconds_per_position: float
+    append_seconds: float  # the call's own, besides its positions
+
+
+def learn_append_cost(
+    importer: AppendCosts, positions: int, seconds: float, *, long_stretch: int
+) -> None:
+    """Update `importer`'s expected costs after an append of `positions` took
+    `seconds`. A long append (at least `long_stretch` positions) teaches the
+    cost a position, net of the call's own; a short one teaches the call's
+    own cost, net of its positions'. Each moves 0.3 of the way. (Charging a
+    slow long append's whole excess to the call made every short handover
+    after it look dear, and none was made again to correct it.)"""
+    fixed, per_position = importer.append_seconds, importer.seconds_per_position
+    if positions >= long_stretch:
+        sample = max(0.0, seconds - fixed) / positions
+        importer.seconds_per_position = 0.7 * per_position + 0.3 * sample
+    else:
+        importer.append_seconds = 0.7 * fixed + 0.3 * max(0.0, seconds - positions * per_position)
 
 
 class TorchDraftRuntime(DraftRuntime):

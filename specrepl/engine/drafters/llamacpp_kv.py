@@ -45,6 +45,7 @@ import numpy as np
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
+from specrepl.engine.drafters.draft_runtime import learn_append_cost
 from specrepl.engine.forward import model_device
 from specrepl.engine.kv_cache import cached_length, new_cache
 from specrepl.engine.llamacpp import import_llamacpp, sequences
@@ -296,8 +297,7 @@ class KvImporter:
         self.llama.input_ids[start:count] = tokens[start:count]
         self.llama.n_tokens = count
         seconds = time.perf_counter() - started
-        beyond = max(0.0, seconds - (count - start) * self.seconds_per_position)
-        self.append_seconds = 0.7 * self.append_seconds + 0.3 * beyond
+        learn_append_cost(self, count - start, seconds, long_stretch=PROBE_TOKENS)
         return seconds
 
     def _check(self, cache: DynamicCache, start: int, count: int, tokens: list[int]) -> None:

@@ -42,6 +42,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
+from specrepl.engine.drafters.draft_runtime import learn_append_cost
 from specrepl.engine.drafters.llamacpp import held_positions
 from specrepl.engine.drafters.llamacpp_kv import cosine, last_logits
 from specrepl.engine.llamacpp import LlamaCppUnavailable, import_llamacpp, open_gguf
@@ -187,8 +188,7 @@ class StateImporter:
         self.llama.input_ids[held:end] = tokens[start:count]
         self.llama.n_tokens = end
         seconds = time.perf_counter() - started
-        beyond = max(0.0, seconds - (count - start) * self.seconds_per_position)
-        self.append_seconds = 0.7 * self.append_seconds + 0.3 * beyond
+        learn_append_cost(self, count - start, seconds, long_stretch=PROBE_TOKENS)
         return seconds
 
     def drop(self, after: int, count: int) -> None:
