@@ -373,6 +373,32 @@ def test_a_catch_up_read_is_priced_apart_and_shared_over_the_answer() -> None:
     assert policy.choose([Offer("model", 2, unread=600)], budget=3).gamma == 0
 
 
+def test_a_steps_own_handover_is_priced_with_its_first_read_and_a_catch_up_is_not() -> None:
+    """A copy taking the one draft it never read from the target (2 ms) and
+    reading one token (10 ms) pays 12 ms for its first draft each step; a
+    catch-up of 600 positions taken from the target (0.1 s) is neither a read
+    nor a draft."""
+    policy = AutoGamma(6)
+    policy.observe(StepEvent((), 0, (1,), 0.0, 1.0, 0.0))  # the target's prompt pass
+    drafts, appended = tuple(range(5)), tuple(range(6))
+    caught_up = StepEvent(
+        drafts, 5, appended, 0.1 + 0.01 + 4 * 0.01, 0.1, 0.0, 5, "model", 0.01, 1,
+        import_seconds=0.1, imported_tokens=600,
+    )  # fmt: skip
+    policy.observe(caught_up)
+    source = policy.estimates.source("model")
+    assert source.first_read == pytest.approx(0.01)
+    assert source.draft_cost == pytest.approx(0.01)
+    own_handover = StepEvent(
+        drafts, 5, appended, 0.002 + 0.01 + 4 * 0.01, 0.1, 0.0, 5, "model", 0.01, 1,
+        import_seconds=0.002, imported_tokens=1,
+    )  # fmt: skip
+    for _ in range(40):
+        policy.observe(own_handover)
+    assert source.first_read == pytest.approx(0.012, rel=0.01)
+    assert source.draft_cost == pytest.approx(0.01)
+
+
 def test_auto_judges_the_target_alone_by_the_width_timings_it_was_primed_with() -> None:
     """A CPU whose one-token step takes a cheaper kernel (58 ms) than the padded
     wider steps (81 ms): with a third of the first drafts accepted, the target alone

@@ -51,6 +51,10 @@ class SourceEstimates:
     A read of one or two tokens (the usual one: the last step's correction or
     bonus token) yields the first draft's logits and is priced as such
     (`first_read`); each further token read costs `read_per_token` (a batch).
+    A copy that takes from the target's keys and values what it has not read
+    reports the handover apart (`StepEvent.import_seconds`): a catch-up is
+    neither a read nor a draft, but a step's own handover of one or two
+    positions (the draft it never read) is priced with the first read.
     """
 
     PRIOR_WEIGHT = 1.0
@@ -133,8 +137,14 @@ class SourceEstimates:
 
     def observe_costs(self, event: StepEvent, catching_up: bool) -> None:
         gamma = event.gamma
-        # keys and values taken from the target instead of read: neither a read nor a draft
-        event = replace(event, draft_seconds=max(event.draft_seconds - event.import_seconds, 0.0))
+        if 0 < event.imported_tokens <= 2 and event.read_tokens > 0:
+            # the step's own handover (the draft a copy never read, taken from the
+            # target instead of read beside the last token): part of its first read
+            event = replace(event, read_seconds=event.read_seconds + event.import_seconds)
+        else:
+            # a catch-up taken from the target instead of read: neither a read nor a draft
+            draft_seconds = max(event.draft_seconds - event.import_seconds, 0.0)
+            event = replace(event, draft_seconds=draft_seconds)
         if event.read_tokens > 0:
             self.reads = True
             if event.read_tokens <= 2:
