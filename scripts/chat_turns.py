@@ -17,7 +17,8 @@ target's exact weights: the same prompt ids, budget and end tokens, greedy,
 one model kept across the turns, so that it reuses the prefix it holds as
 llama.cpp itself does in a chat. Each turn's speculative tokens per second
 over its tokens per second is the speedup over the fastest plain run of the
-same weights (`--no-peer`: without it).
+same weights (`--no-peer`: without it); its first-token time is kept beside
+the target's, to tell prompt reading from decoding.
 
     HF_HUB_OFFLINE=1 .venv/bin/python scripts/chat_turns.py benchmarks/chat_pasted.jsonl
 
@@ -128,16 +129,22 @@ def open_peer(session):
         return None
 
 
-def peer_turn(llama, ids: list[int], budget: int, end_tokens: set[int]) -> tuple[list[int], float]:
-    """The peer's greedy tokens after `ids` and the seconds they took (prompt
-    reading included, as the session's figures include it)."""
+def peer_turn(
+    llama, ids: list[int], budget: int, end_tokens: set[int]
+) -> tuple[list[int], float, float]:
+    """The peer's greedy tokens after `ids`, the seconds they took (prompt
+    reading included, as the session's figures include it) and the seconds
+    to its first token."""
     started = time.perf_counter()
     tokens: list[int] = []
+    first = 0.0
     for token in llama.generate(ids, **sampling_options(make_processor("greedy"))):
+        if not tokens:
+            first = time.perf_counter() - started
         tokens.append(int(token))
         if int(token) in end_tokens or len(tokens) >= budget:
             break
-    return tokens, time.perf_counter() - started
+    return tokens, time.perf_counter() - started, first
 
 
 def main() -> int:
@@ -191,12 +198,14 @@ def main() -> int:
         )
         if peer is not None:
             budget, ends = session.settings.max_new_tokens, set(session.pair.eos_token_ids)
-            tokens, seconds = peer_turn(peer, ids, budget, ends)
+            tokens, seconds, first = peer_turn(peer, ids, budget, ends)
             row["tokens_per_second"]["llamacpp_exact"] = len(tokens) / seconds
+            row["llamacpp_first_token"] = first
             row["peer_identical"] = tokens == answer.runs["target"].result.token_ids
             row["over_llamacpp"] = row["tokens_per_second"]["speculative"] / (len(tokens) / seconds)
             print(
-                f"         llama.cpp alone {len(tokens) / seconds:.1f} tok/s, speculative"
+                f"         llama.cpp alone {len(tokens) / seconds:.1f} tok/s, first token"
+                f" {first:.2f}s (the target's {row['target_first_token'] or 0:.2f}s), speculative"
                 f" {row['over_llamacpp']:.2f}x it, same text {row['peer_identical']}",
                 flush=True,
             )
