@@ -776,16 +776,24 @@ def test_a_windowed_copy_takes_its_window_anew_past_a_long_unseen_stretch(tiny) 
     assert drafter.held() == [*longer[:SINK_TOKENS].tolist(), *longer[140:].tolist()]
 
 
-def test_a_copy_drops_held_positions_and_keeps_the_rest_where_they_are(tiny) -> None:
-    from specrepl.engine.drafters.llamacpp import held_positions
+def importer_beside_a_target(tiny, length: int, seed: int) -> tuple:
+    """An importer probed on the tiny target's own file, `length` random
+    tokens, and a target runtime holding all of them."""
     from specrepl.engine.drafters.llamacpp_state import probe_state_importer
 
     _, llama = tiny
     importer, reason = probe_state_importer(llama.path, llama, context_length=256, threads=1)
     assert importer is not None, reason
-    ids = torch.randint(4, VOCAB, (60,), generator=torch.Generator().manual_seed(9)).tolist()
+    ids = torch.randint(4, VOCAB, (length,), generator=torch.Generator().manual_seed(seed))
     runtime = llama.open()
-    runtime.score(torch.tensor(ids), 1, VOCAB)
+    runtime.score(ids, 1, VOCAB)
+    return importer, ids.tolist(), runtime
+
+
+def test_a_copy_drops_held_positions_and_keeps_the_rest_where_they_are(tiny) -> None:
+    from specrepl.engine.drafters.llamacpp import held_positions
+
+    importer, ids, runtime = importer_beside_a_target(tiny, 60, seed=9)
     importer.write(runtime, 40, ids)
     importer.drop(4, 10)
     positions = held_positions(importer.llama)
@@ -862,14 +870,9 @@ def test_a_long_handover_teaches_the_cost_a_position_and_a_short_one_the_calls()
 
 
 def test_a_long_handover_leaves_the_copys_own_cost_of_a_call(tiny) -> None:
-    from specrepl.engine.drafters.llamacpp_state import PROBE_TOKENS, probe_state_importer
+    from specrepl.engine.drafters.llamacpp_state import PROBE_TOKENS
 
-    _, llama = tiny
-    importer, reason = probe_state_importer(llama.path, llama, context_length=256, threads=1)
-    assert importer is not None, reason
-    ids = torch.randint(4, VOCAB, (120,), generator=torch.Generator().manual_seed(12)).tolist()
-    runtime = llama.open()
-    runtime.score(torch.tensor(ids), 1, VOCAB)
+    importer, ids, runtime = importer_beside_a_target(tiny, 120, seed=12)
     importer.write(runtime, 10, ids)
     fixed, per_position = importer.append_seconds, importer.seconds_per_position
     importer.append(runtime, 10, 10 + 4 * PROBE_TOKENS, ids)
