@@ -78,20 +78,35 @@ class Choice:
     reason: str = ""
 
 
+def _labels(offers: Sequence[Offer]) -> dict[str, str]:
+    """How `_describe` names each offered source: with its offer's profile
+    where it has one ("lookup[match 4-7]")."""
+    return {offer.source: f"{offer.source}[{offer.profile}]" for offer in offers if offer.profile}
+
+
 def _describe(
-    choice: tuple[str, int], rates: Mapping[tuple[str, int], float], unit: str = "/s"
+    choice: tuple[str, int],
+    rates: Mapping[tuple[str, int], float],
+    unit: str = "/s",
+    labels: Mapping[str, str] | None = None,
 ) -> str:
-    """The chosen (source, gamma) and the best of every other option, in `unit`."""
+    """The chosen (source, gamma) and the best of every other option, in `unit`;
+    a source is named by `labels` where it has one."""
+    labels = labels or {}
     best: dict[str, tuple[int, float]] = {}
     for (source, gamma), rate in rates.items():
         if source not in best or rate > best[source][1]:
             best[source] = (gamma, rate)
-    chosen_source = choice[0] or "none"
-    parts = [f"{chosen_source}:{choice[1]} {rates[choice]:.1f}{unit}"]
+
+    def name(source: str) -> str:
+        return labels.get(source, source) or "none"
+
+    chosen_source = choice[0]
+    parts = [f"{name(chosen_source)}:{choice[1]} {rates[choice]:.1f}{unit}"]
     parts += [
-        f"{source or 'none'}:{gamma} {rate:.1f}{unit}"
+        f"{name(source)}:{gamma} {rate:.1f}{unit}"
         for source, (gamma, rate) in sorted(best.items(), key=lambda item: -item[1][1])
-        if (source or "none") != chosen_source
+        if source != chosen_source
     ]
     return " > ".join(parts[:1]) + ("; " + ", ".join(parts[1:]) if len(parts) > 1 else "")
 
@@ -136,13 +151,13 @@ class _SourceChoosing:
             return Choice(usable[0].source, min(gamma, usable[0].drafts))
         # by expected tokens alone, not timings: a fixed policy's seeded samples repeat
         tokens = {
-            (offer.source, min(gamma, offer.drafts)): self.estimates.source(
-                offer.source
-            ).expected_tokens(min(gamma, offer.drafts))
+            (offer.source, min(gamma, offer.drafts)): self.estimates.expected_tokens(
+                offer, min(gamma, offer.drafts)
+            )
             for offer in usable
         }
         best = max(tokens, key=tokens.__getitem__)
-        return Choice(best[0], best[1], _describe(best, tokens, "tokens/step"))
+        return Choice(best[0], best[1], _describe(best, tokens, "tokens/step", _labels(usable)))
 
 
 class FixedGamma(_SourceChoosing):
@@ -303,7 +318,7 @@ class AutoGamma(_SourceChoosing):
         if evidence >= self.MIN_EVIDENCE:  # else too few drafts seen to give up on drafting
             rates[("", 0)] = estimates.rate(Offer("", 0), 0)
         best = max(rates, key=rates.__getitem__)
-        return Choice(best[0], best[1], _describe(best, rates))
+        return Choice(best[0], best[1], _describe(best, rates, labels=_labels(usable)))
 
 
 def make_policy(name: str, gamma: int, *, confidence: float = 0.4) -> GammaPolicy:

@@ -76,12 +76,16 @@ class Offer:
     must read before its first draft (0 for a source that reads nothing);
     `tokens`: the draft itself where it is known in advance (a deterministic
     source such as prompt lookup), so a policy can also score it on the steps
-    where another source was used."""
+    where another source was used; `profile`: what the source knows of this
+    draft that sets its chance apart from its others (prompt lookup: the
+    length class of the match it copies after, "match 8-15"), so that a
+    policy can keep acceptance per profile ("" for none)."""
 
     source: str
     drafts: int
     unread: int = 0
     tokens: tuple[int, ...] | None = None
+    profile: str = ""
 
 
 class TimedTokens:

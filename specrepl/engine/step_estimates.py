@@ -3,9 +3,11 @@
 `SourceEstimates` keeps, for one draft source (a model drafter, prompt
 lookup, ...), the chance that the draft at each position is accepted once the
 drafts before it were, and the seconds it takes to read unseen context and to
-draft; `StepEstimates` keeps one per source and the target's seconds for a
-step with k drafts, and rates a step by expected tokens per second. Every
-figure is exponentially weighted, so it follows the text.
+draft; `StepEstimates` keeps one per source, one more per profile a source
+gives its offers (prompt lookup: the length of the match it copies from),
+and the target's seconds for a step with k drafts, and rates a step by
+expected tokens per second. Every figure is exponentially weighted, so it
+follows the text.
 
 The policies in `gamma.py` read these; this module chooses nothing. It knows
 nothing about models: it reads `Offer`s and `StepEvent`s only.
@@ -121,16 +123,18 @@ class SourceEstimates:
             prior = rate
         return rates
 
-    def position_acceptance(self) -> list[float]:
+    def position_acceptance(self, prior: list[float] | None = None) -> list[float]:
         """Estimated P(draft i accepted | drafts before it accepted), i = 1..max_gamma:
-        the recent rates, drawn towards the long-run ones."""
-        long_run = self._chained(self.long_tried, self.long_taken, None)
+        the recent rates, drawn towards the long-run ones, which are drawn
+        towards `prior` where given (a profile's: its source's rates), else
+        each towards the one before it."""
+        long_run = self._chained(self.long_tried, self.long_taken, prior)
         return self._chained(self.tried, self.taken, long_run)
 
-    def expected_tokens(self, gamma: int) -> float:
+    def expected_tokens(self, gamma: int, prior: list[float] | None = None) -> float:
         """Tokens a step with `gamma` drafts is expected to append (bonus included)."""
         total, reach = 1.0, 1.0
-        for rate in self.position_acceptance()[:gamma]:
+        for rate in self.position_acceptance(prior)[:gamma]:
             reach *= rate
             total += reach
         return total
@@ -194,8 +198,15 @@ class SourceEstimates:
 
 
 class StepEstimates:
-    """Running estimates every policy keeps: per source (`SourceEstimates`)
-    and the target's seconds for a step with k drafts.
+    """Running estimates every policy keeps: per source (`SourceEstimates`),
+    per source and profile, and the target's seconds for a step with k drafts.
+
+    A source may tell its offers apart by a profile (`Offer.profile`: prompt
+    lookup's drafts copied after a long match are kept far more often than
+    after a match of two tokens). Acceptance is then also counted per profile,
+    and a profile's rates have its source's as their prior: a profile seldom
+    seen is rated as its source, one seen often by what it has shown. Costs
+    stay the source's.
 
     The target's cost per k is as measured in this run (exponentially
     weighted), else from `prime`'s timings taken before the run (the
@@ -208,6 +219,8 @@ class StepEstimates:
         self.max_gamma = max_gamma
         self.decay = decay
         self.sources: dict[str, SourceEstimates] = {}
+        self.profiles: dict[tuple[str, str], SourceEstimates] = {}
+        """Acceptance per (source, profile); costs stay in `sources`."""
         self.target_cost: dict[int, float] = {}
         self.prior_cost: dict[int, float] = {}
         self.steps = 0
@@ -227,19 +240,56 @@ class StepEstimates:
             self.sources[name] = SourceEstimates(self.max_gamma, self.decay)
         return self.sources[name]
 
+    def profile(self, name: str, profile: str) -> SourceEstimates:
+        """The acceptance counts of `name`'s offers with this profile."""
+        key = (name, profile)
+        if key not in self.profiles:
+            self.profiles[key] = SourceEstimates(self.max_gamma, self.decay)
+        return self.profiles[key]
+
+    def position_acceptance(self, offer: Offer) -> list[float]:
+        """P(draft i accepted | drafts before it accepted) for `offer`'s drafts:
+        its profile's rates with its source's as the prior, or its source's."""
+        rates = self.source(offer.source).position_acceptance()
+        if not offer.profile:
+            return rates
+        return self.profile(offer.source, offer.profile).position_acceptance(rates)
+
+    def expected_tokens(self, offer: Offer, gamma: int) -> float:
+        """Tokens a step with `gamma` of `offer`'s drafts is expected to append."""
+        total, reach = 1.0, 1.0
+        for rate in self.position_acceptance(offer)[:gamma]:
+            reach *= rate
+            total += reach
+        return total
+
+    def _counted(self, offer: Offer) -> list[SourceEstimates]:
+        """Where a step's evidence on `offer` is counted: its source, and its
+        profile if it has one."""
+        counts = [self.source(offer.source)]
+        if offer.profile:
+            counts.append(self.profile(offer.source, offer.profile))
+        return counts
+
     def observe(self, event: StepEvent) -> None:
         self.steps += 1
         catching_up = self.plain_steps > 0
-        for source in self.sources.values():
-            source.fade()
+        for estimates in (*self.sources.values(), *self.profiles.values()):
+            estimates.fade()
         if event.gamma > 0:
-            self.source(event.source).count(event.gamma, event.accepted)
+            used = next(
+                (offer for offer in self.offers if offer.source == event.source),
+                Offer(event.source, event.gamma),
+            )
+            for estimates in self._counted(used):
+                estimates.count(event.gamma, event.accepted)
             self.plain_steps = 0
         else:
             self.plain_steps += 1
         for offer in self.offers:  # a draft known in advance is scored even when unused
             if offer.tokens and (offer.source != event.source or event.gamma == 0):
-                self.source(offer.source).score(offer.tokens, event.appended)
+                for estimates in self._counted(offer):
+                    estimates.score(offer.tokens, event.appended)
         self.offers = ()
         if self.steps == 1:
             return  # prompt processing dominates the first step's timings
@@ -286,7 +336,7 @@ class StepEstimates:
         if gamma == 0:
             return 1.0 / self.verify_cost(0)
         source = self.source(offer.source)
-        tokens = source.expected_tokens(gamma)
+        tokens = self.expected_tokens(offer, gamma)
         share = 1.0 if not budget else min(1.0, tokens / budget)
         seconds = source.drafting_seconds(gamma, offer.unread, share) + self.verify_cost(gamma)
         return tokens / seconds

@@ -11,7 +11,7 @@ import torch
 from transformers import DynamicCache
 
 from specrepl.engine.drafters.base import Draft, Drafter
-from specrepl.engine.drafters.lookup import LookupDrafter
+from specrepl.engine.drafters.lookup import LookupDrafter, LookupMatch
 from specrepl.engine.drafters.options import DrafterOptions
 from specrepl.engine.processors import LogitsProcessor
 from specrepl.engine.results import Offer
@@ -26,8 +26,9 @@ class HybridDrafter(Drafter):
     answer quotes its prompt (summaries, extraction, code edits); elsewhere the
     model drafter is better informed. The hybrid does not choose by itself:
     it offers both sources each step (`offers`: the lookup candidate, from a
-    match of at least `min_match` tokens, with its tokens; the model with the
-    context it would have to read first), and the gamma policy picks the one
+    match of at least `min_match` tokens, with its tokens and its match's
+    length class; the model with the context it would have to read first),
+    and the gamma policy picks the one
     it expects to give the most tokens per second from what each source's
     drafts have measured (`step_estimates.StepEstimates`; the lookup candidate is
     scored against the target's tokens even on steps that used the model).
@@ -47,7 +48,8 @@ class HybridDrafter(Drafter):
         self.feature_layers = model.feature_layers
         self.uses_target_cache = model.uses_target_cache
         self.last_source = "none"
-        self._candidate: tuple[torch.Tensor, Draft] | None = None  # lookup's, for one sequence
+        # lookup's candidate, for one sequence
+        self._candidate: tuple[torch.Tensor, LookupMatch] | None = None
 
     def begin(self, prompt: torch.Tensor, vocab_size: int) -> None:
         self.model.begin(prompt, vocab_size)
@@ -61,20 +63,21 @@ class HybridDrafter(Drafter):
     def forget(self) -> None:
         self.model.forget()
 
-    def _lookup(self, sequence: torch.Tensor, k: int) -> Draft:
+    def _lookup(self, sequence: torch.Tensor, k: int) -> LookupMatch:
         """Lookup's candidate for `sequence` (found once per step)."""
         if self._candidate is not None and self._candidate[0] is sequence:
-            return Draft(self._candidate[1].tokens[:k], None)
-        draft = self.lookup.propose(sequence, k, None, None)  # type: ignore[arg-type]
-        self._candidate = (sequence, draft)
-        return draft
+            found = self._candidate[1]
+            return LookupMatch(found.tokens[:k], found.length)
+        found = self.lookup.find(sequence, k)
+        self._candidate = (sequence, found)
+        return found
 
     def offers(self, sequence: torch.Tensor, k: int) -> list[Offer]:
         candidate = self._lookup(sequence, k)
-        found = [Offer("lookup", len(candidate), tokens=tuple(candidate.tokens.tolist()))]
+        found = [candidate.offer("lookup")] if len(candidate.tokens) else []
         # the model first: lookup's candidate is scored on every step whichever is used,
         # the model's drafts only when it drafts
-        return [*self.model.offers(sequence, k), *(found if len(candidate) else [])]
+        return [*self.model.offers(sequence, k), *found]
 
     def propose(
         self,
@@ -87,9 +90,9 @@ class HybridDrafter(Drafter):
         source: str | None = None,
     ) -> Draft:
         candidate = self._lookup(sequence, k)
-        if len(candidate) and source in (None, "lookup"):
+        if len(candidate.tokens) and source in (None, "lookup"):
             self.last_source = "lookup"
-            return candidate
+            return Draft(candidate.tokens, None)
         self.last_source = "model"
         return self.model.propose(sequence, k, processor, generator, min_confidence)
 

@@ -1,10 +1,14 @@
 """The prompt lookup drafter: what followed the context's last words where they stood before.
 
-It costs no model call and proposes deterministically (a point-mass q). It
-knows nothing of the other kinds of drafter or of settings.
+It costs no model call and proposes deterministically (a point-mass q). Its
+offers say how long the match they copy after is (`match_profile`), which
+the gamma policy keeps acceptance by. It knows nothing of the other kinds of
+drafter or of settings.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
@@ -13,12 +17,53 @@ from specrepl.engine.drafters.options import DrafterOptions
 from specrepl.engine.processors import LogitsProcessor
 from specrepl.engine.results import Offer
 
-__all__ = ["LookupDrafter"]
+__all__ = ["LONGEST_MATCH", "LookupDrafter", "LookupMatch", "match_profile"]
+
+LONGEST_MATCH = 16
+"""The longest match measured (a longer one is counted as this long)."""
+
+
+def match_profile(length: int) -> str:
+    """The class of a match of `length` tokens, by powers of two ("match 2-3",
+    "match 4-7", "match 8-15", "match 16+"): the profile lookup's offers carry."""
+    if length >= LONGEST_MATCH:
+        return f"match {LONGEST_MATCH}+"
+    low = 1 << (max(length, 1).bit_length() - 1)
+    high = 2 * low - 1
+    return f"match {low}" if low == high else f"match {low}-{high}"
+
+
+@dataclass(frozen=True)
+class LookupMatch:
+    """What lookup found: the `tokens` that followed the match (at most k), and
+    the match's `length`: how many tokens before them equal the context's
+    last ones (at least the suffix searched for, at most `LONGEST_MATCH`)."""
+
+    tokens: torch.Tensor
+    length: int
+
+    @property
+    def profile(self) -> str:
+        return match_profile(self.length) if len(self.tokens) else ""
+
+    def offer(self, source: str) -> Offer:
+        tokens = tuple(self.tokens.tolist())
+        return Offer(source, len(tokens), tokens=tokens, profile=self.profile)
+
+
+def _match_length(sequence: torch.Tensor, start: int) -> int:
+    """How many tokens before `start` equal the sequence's last ones, up to
+    `LONGEST_MATCH`."""
+    span = min(LONGEST_MATCH, start)
+    before = sequence[start - span : start].flip(0)
+    last = sequence[sequence.shape[0] - span :].flip(0)
+    return int(torch.cumprod((before == last).to(torch.int32), 0).sum())
 
 
 class LookupDrafter(Drafter):
     """Prompt lookup decoding: find the last n tokens earlier in the context and
-    propose what followed them there (n from max_ngram down to min_ngram).
+    propose what followed them there (n from max_ngram down to min_ngram; the
+    latest place they stood).
 
     Deterministic (a point-mass q); costs no model call.
     """
@@ -36,8 +81,21 @@ class LookupDrafter(Drafter):
         pass
 
     def offers(self, sequence: torch.Tensor, k: int) -> list[Offer]:
-        draft = self.propose(sequence, k, None, None)  # type: ignore[arg-type]
-        return [Offer(self.name, len(draft), tokens=tuple(draft.tokens.tolist()))]
+        return [self.find(sequence, k).offer(self.name)]
+
+    def find(self, sequence: torch.Tensor, k: int) -> LookupMatch:
+        """The continuation of the latest match of the longest suffix found (at
+        most `k` tokens; none without a match), with the match's length."""
+        length = sequence.shape[0]
+        for n in range(min(self.max_ngram, length - 1), self.min_ngram - 1, -1):
+            suffix = sequence[length - n :]
+            # windows that start before the suffix itself and are followed by a token
+            windows = sequence[: length - 1].unfold(0, n, 1)
+            hits = (windows == suffix).all(dim=1).nonzero().flatten()
+            if hits.numel():
+                start = int(hits[-1]) + n
+                return LookupMatch(sequence[start : start + k], _match_length(sequence, start))
+        return LookupMatch(sequence.new_empty(0), 0)
 
     def propose(
         self,
@@ -47,16 +105,7 @@ class LookupDrafter(Drafter):
         generator: torch.Generator | None,
         min_confidence: float = 0.0,
     ) -> Draft:
-        length = sequence.shape[0]
-        for n in range(min(self.max_ngram, length - 1), self.min_ngram - 1, -1):
-            suffix = sequence[length - n :]
-            # windows that start before the suffix itself and are followed by a token
-            windows = sequence[: length - 1].unfold(0, n, 1)
-            hits = (windows == suffix).all(dim=1).nonzero().flatten()
-            if hits.numel():
-                start = int(hits[-1]) + n
-                return Draft(sequence[start : start + k], None)
-        return Draft(sequence.new_empty(0), None)
+        return Draft(self.find(sequence, k).tokens, None)
 
     def update(
         self,
