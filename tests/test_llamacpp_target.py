@@ -25,7 +25,7 @@ from specrepl.engine.drafters.model import ModelDrafter
 from specrepl.engine.drafters.ngram import NgramDrafter
 from specrepl.engine.gamma import make_policy
 from specrepl.engine.generation import autoregressive_generate, speculative_generate
-from specrepl.engine.llamacpp_runtime import LlamaCppModel
+from specrepl.engine.llamacpp_runtime import LlamaCppModel, LlamaCppRuntime
 from specrepl.engine.processors import GreedyProcessor, TopKProcessor
 from specrepl.engine.prompt_cache import PromptCache
 from specrepl.engine.runtime import FeaturesUnavailable, TorchModel
@@ -292,6 +292,22 @@ def test_widths_are_timed_for_the_gamma_policy(tiny) -> None:
     assert sorted(seconds) == [0, 1, 2, 3, 4]
     assert all(value > 0 for value in seconds.values())
     assert llama.open().step_seconds() == seconds
+
+
+def test_widths_are_timed_in_rounds(tiny, monkeypatch) -> None:
+    """Each round times every width once, so a slow moment of the machine
+    falls on all widths alike instead of on the few being timed then."""
+    _, llama = tiny
+    widths: list[int] = []
+    score = LlamaCppRuntime.score
+
+    def recorded(self, sequence, keep, vocab_size, **options):
+        widths.append(keep)
+        return score(self, sequence, keep, vocab_size, **options)
+
+    monkeypatch.setattr(LlamaCppRuntime, "score", recorded)
+    llama.time_widths(3, context=16, repeats=2)
+    assert widths == [1, 1, 2, 3, 1, 2, 3]  # the context's pass, then two rounds
 
 
 def test_greedy_is_unchanged_by_the_processor_object(tiny) -> None:

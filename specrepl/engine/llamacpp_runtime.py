@@ -153,20 +153,24 @@ class LlamaCppModel(RunnableModel):
         self, max_width: int, *, context: int = 48, repeats: int = 3
     ) -> dict[int, float]:
         """Median seconds of a pass over 1..`max_width` tokens after `context`
-        held ones, by drafts (width - 1); kept for `step_seconds`."""
+        held ones, by drafts (width - 1); kept for `step_seconds`.
+
+        The widths are timed in rounds, each width once a round: the policy
+        reads the costs of widths against each other, and a machine whose
+        speed wanders over seconds (other tenants of a shared host) would
+        otherwise charge a slow moment to whichever widths it fell on."""
         runtime = self.open()
         ids = [int(i) % self.width for i in range(1000, 1000 + context + max_width)]
         sequence = torch.tensor(ids)
         runtime.score(sequence[:context], 1, self.width)
-        seconds: dict[int, float] = {}
-        for width in range(1, max_width + 1):
-            timings = []
-            for _ in range(repeats):
+        timings: dict[int, list[float]] = {width: [] for width in range(1, max_width + 1)}
+        for _ in range(repeats):
+            for width, taken in timings.items():
                 started = time.perf_counter()
                 runtime.score(sequence[: context + width], width, self.width)
-                timings.append(time.perf_counter() - started)
+                taken.append(time.perf_counter() - started)
                 runtime.rollback_to(context)
-            seconds[width - 1] = statistics.median(timings)
+        seconds = {width - 1: statistics.median(taken) for width, taken in timings.items()}
         self._seconds = seconds
         return seconds
 
