@@ -47,7 +47,9 @@ def _model_pays(events: list[StepEvent]) -> bool:
     rate = sum(len(e.appended) for e in model) / sum(
         e.draft_seconds + e.target_seconds for e in model
     )
-    return rate > 1 / _baseline(events)
+    plain = [event.target_seconds for event in events[1:] if event.gamma == 0]
+    baseline = min(plain) if plain else min(event.target_seconds for event in events[1:])
+    return rate > 1 / baseline
 
 
 def test_the_recorded_chat_has_a_long_read_and_turns_where_the_model_pays() -> None:
@@ -56,46 +58,17 @@ def test_the_recorded_chat_has_a_long_read_and_turns_where_the_model_pays() -> N
     assert sum(_model_pays(_events(turn)) for turn in turns) >= 2
 
 
-def _baseline(events: list[StepEvent]) -> float:
-    """The recording's step of the target alone (or, lacking one, its cheapest
-    verification): what a step the policy takes to time the target alone costs."""
-    plain = [event.target_seconds for event in events[1:] if event.gamma == 0]
-    return min(plain) if plain else min(event.target_seconds for event in events[1:])
-
-
-def _plain_step(seconds: float) -> StepEvent:
-    return StepEvent(
-        drafts=(),
-        accepted=0,
-        appended=(0,),
-        draft_seconds=0.0,
-        target_seconds=seconds,
-        seconds_since_start=0.0,
-    )
-
-
-def _choose(policy: AutoGamma, offer: Offer, budget: int, baseline: float) -> int:
-    """The policy's gamma for `offer`; a step it takes to time the target alone
-    is answered at the recording's cost of one, and it chooses again."""
-    choice = policy.choose([offer], budget=budget)
-    if choice.reason.startswith(AutoGamma.TIMING_PLAIN):
-        policy.observe(_plain_step(baseline))
-        choice = policy.choose([offer], budget=budget)
-    return choice.gamma
-
-
 def test_auto_keeps_drafting_where_the_recorded_costs_say_drafting_pays() -> None:
     turns = json.loads(RECORDED.read_text())["turns"]
     policy = AutoGamma(8)
     for turn in turns:
         policy.start()  # the session keeps one policy from turn to turn
         events = _events(turn)
-        baseline = _baseline(events)
         for event in events:
-            _choose(policy, Offer("model", 8, unread=2), 100, baseline)
+            policy.choose([Offer("model", 8, unread=2)], budget=100)
             policy.observe(event)
         if _model_pays(events):
             # the next step, and the next turn's first drafting step after a read
             # of a window's worth of unseen tokens (45 on the recording's machine)
-            assert _choose(policy, Offer("model", 8, unread=2), 100, baseline) > 0
-            assert _choose(policy, Offer("model", 8, unread=45), 127, baseline) > 0
+            assert policy.choose([Offer("model", 8, unread=2)], budget=100).gamma > 0
+            assert policy.choose([Offer("model", 8, unread=45)], budget=127).gamma > 0

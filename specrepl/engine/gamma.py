@@ -231,26 +231,11 @@ class AutoGamma(_SourceChoosing):
     been seen: one early rejection says little, and leaving drafting is costly
     to undo because only the probe every `probe_every` plain steps brings new
     evidence.
-
-    The target alone's own step is timed too: where no step of it has been
-    timed in the last `time_plain_every` steps (or ever; a prompt pass does
-    not count) and drafting is not expected to be at least `PLAIN_MARGIN`
-    times as fast, the next step is one of the target alone. Its cost is
-    otherwise inferred from the start-up width timings scaled by the run's
-    wide steps, which on a CPU whose speed wanders can be half as much again
-    as its real step, and a policy that overprices the target alone keeps
-    drafting where drafting loses. `time_plain_every=None`: never.
     """
 
     name = "auto"
     MIN_EVIDENCE = 3
     """Drafting steps of a source seen before the target alone may be chosen."""
-    TIMING_PLAIN = "timing the target alone"
-    """The reason of a step of the target alone taken to time it."""
-    PLAIN_MARGIN = 2.0
-    """Drafting expected this many times as fast as the target alone needs no
-    timing of it: no mispricing seen (the start-up timings of one step ranged
-    over a factor of 1.6 within a minute on one CPU) would turn the choice."""
 
     def __init__(
         self,
@@ -259,13 +244,11 @@ class AutoGamma(_SourceChoosing):
         initial: int = 4,
         decay: float = 0.9,
         probe_every: int = 16,
-        time_plain_every: int | None = 64,
     ) -> None:
         self.max_gamma = max_gamma
         self.initial = min(initial, max_gamma)
         self.decay = decay
         self.probe_every = probe_every
-        self.time_plain_every = time_plain_every
         self.start()
 
     def start(self) -> None:
@@ -335,21 +318,7 @@ class AutoGamma(_SourceChoosing):
         if evidence >= self.MIN_EVIDENCE:  # else too few drafts seen to give up on drafting
             rates[("", 0)] = estimates.rate(Offer("", 0), 0)
         best = max(rates, key=rates.__getitem__)
-        if best[1] and self._times_plain(rates):
-            return Choice("", 0, f"{self.TIMING_PLAIN}; {_describe(best, rates)}")
         return Choice(best[0], best[1], _describe(best, rates, labels=_labels(usable)))
-
-    def _times_plain(self, rates: Mapping[tuple[str, int], float]) -> bool:
-        """Whether the next step should time the target alone: its step has not
-        been timed lately (see the class) and drafting is not expected to be
-        at least `PLAIN_MARGIN` times as fast as it, so its price matters."""
-        plain = rates.get(("", 0))
-        if plain is None or self.time_plain_every is None:
-            return False
-        since = self.estimates.since_plain_timed
-        if since is not None and since < self.time_plain_every:
-            return False
-        return max(rates.values()) < self.PLAIN_MARGIN * plain
 
 
 def make_policy(name: str, gamma: int, *, confidence: float = 0.4) -> GammaPolicy:

@@ -227,9 +227,6 @@ class StepEstimates:
         self.plain_steps = 0
         self.offers: tuple[Offer, ...] = ()
         """The offers of the step being decided (scored when it finishes)."""
-        self.since_plain_timed: int | None = None
-        """Steps (across generations) since a step of the target alone was
-        timed, the prompt passes aside; None before the first."""
 
     def new_generation(self) -> None:
         """A new answer begins: what was learnt of each source and of the
@@ -298,10 +295,6 @@ class StepEstimates:
             return  # prompt processing dominates the first step's timings
         if event.gamma > 0:
             self.source(event.source).observe_costs(event, catching_up)
-        if event.gamma == 0:
-            self.since_plain_timed = 0
-        elif self.since_plain_timed is not None:
-            self.since_plain_timed += 1
         k = event.gamma
         self.target_cost[k] = _ema(self.target_cost.get(k), event.target_seconds, self.decay)
 
