@@ -28,6 +28,16 @@ def _ema(old: float | None, new: float, decay: float) -> float:
     return new if old is None else decay * old + (1 - decay) * new
 
 
+def _tokens_from(rates: list[float], gamma: int) -> float:
+    """Tokens a step with `gamma` drafts appends (bonus included), expected from
+    the chance of each draft given the ones before it."""
+    total, reach = 1.0, 1.0
+    for rate in rates[:gamma]:
+        reach *= rate
+        total += reach
+    return total
+
+
 class SourceEstimates:
     """What one draft source has shown: acceptance per draft position and its costs.
 
@@ -131,13 +141,9 @@ class SourceEstimates:
         long_run = self._chained(self.long_tried, self.long_taken, prior)
         return self._chained(self.tried, self.taken, long_run)
 
-    def expected_tokens(self, gamma: int, prior: list[float] | None = None) -> float:
+    def expected_tokens(self, gamma: int) -> float:
         """Tokens a step with `gamma` drafts is expected to append (bonus included)."""
-        total, reach = 1.0, 1.0
-        for rate in self.position_acceptance(prior)[:gamma]:
-            reach *= rate
-            total += reach
-        return total
+        return _tokens_from(self.position_acceptance(), gamma)
 
     def observe_costs(self, event: StepEvent, catching_up: bool) -> None:
         gamma = event.gamma
@@ -257,11 +263,7 @@ class StepEstimates:
 
     def expected_tokens(self, offer: Offer, gamma: int) -> float:
         """Tokens a step with `gamma` of `offer`'s drafts is expected to append."""
-        total, reach = 1.0, 1.0
-        for rate in self.position_acceptance(offer)[:gamma]:
-            reach *= rate
-            total += reach
-        return total
+        return _tokens_from(self.position_acceptance(offer), gamma)
 
     def _counted(self, offer: Offer) -> list[SourceEstimates]:
         """Where a step's evidence on `offer` is counted: its source, and its
