@@ -13,12 +13,14 @@ the medians. `--json OUT` keeps every figure with each step's choice.
 
 Beside them, llama.cpp alone (the plain runtime a CPU user would run, bench's
 `llamacpp-exact` peer) answers every turn on the float32 GGUF file of the
-target's exact weights: the same prompt ids, budget and end tokens, greedy,
-one model kept across the turns, so that it reuses the prefix it holds as
-llama.cpp itself does in a chat. Each turn's speculative tokens per second
-over its tokens per second is the speedup over the fastest plain run of the
-same weights (`--no-peer`: without it); its first-token time is kept beside
-the target's, to tell prompt reading from decoding.
+target's exact weights, twice: flash attention off (llama-cpp-python's
+default) and on (what llama.cpp's own programs choose on a CPU); the same
+prompt ids, budget and end tokens, greedy, one model of each kept across the
+turns, so that it reuses the prefix it holds as llama.cpp itself does in a
+chat. Each turn's speculative tokens per second over the faster of the two
+is the speedup over the fastest plain run of the same weights (`--no-peer`:
+without it); the first-token times are kept beside the target's, to tell
+prompt reading from decoding.
 
     HF_HUB_OFFLINE=1 .venv/bin/python scripts/chat_turns.py benchmarks/chat_pasted.jsonl
 
@@ -113,20 +115,28 @@ def turn_figures(answer, pauses: dict[str, float], events: list) -> dict[str, ob
     }
 
 
-def open_peer(session):
-    """llama.cpp alone on the float32 GGUF file of the session's target, or None (why printed)."""
+PEERS = {"llamacpp_exact": {}, "llamacpp_exact_flash": {"flash_attn": True}}
+"""llama.cpp alone, by name: the options each is opened with."""
+
+
+def open_peers(session) -> dict:
+    """llama.cpp alone on the float32 GGUF file of the session's target, by
+    name (`PEERS`); those that cannot run left out (why printed)."""
     gguf = session.pair.target.gguf
-    try:
-        if gguf is None:
-            raise LlamaCppUnavailable("the target was not loaded from a GGUF file")
-        return open_gguf(
-            float32_gguf(gguf),
-            context_length=session.pair.context_length,
-            threads=torch.get_num_threads(),
-        )
-    except (LlamaCppUnavailable, OSError, ValueError) as error:
-        print(f"no llama.cpp peer: {error}", flush=True)
-        return None
+    peers = {}
+    for name, options in PEERS.items():
+        try:
+            if gguf is None:
+                raise LlamaCppUnavailable("the target was not loaded from a GGUF file")
+            peers[name] = open_gguf(
+                float32_gguf(gguf),
+                context_length=session.pair.context_length,
+                threads=torch.get_num_threads(),
+                **options,
+            )
+        except (LlamaCppUnavailable, OSError, ValueError) as error:
+            print(f"no llama.cpp peer {name}: {error}", flush=True)
+    return peers
 
 
 def peer_turn(
@@ -147,6 +157,36 @@ def peer_turn(
     return tokens, time.perf_counter() - started, first
 
 
+def peer_figures(row: dict, peers: dict, session, ids: list[int], target: list[int]) -> None:
+    """Every llama.cpp-alone run of one turn into `row`, and the speculative
+    speedup over the faster (`over_llamacpp`, `fastest_llamacpp`); printed."""
+    budget, ends = session.settings.max_new_tokens, set(session.pair.eos_token_ids)
+    for name, llama in peers.items():
+        tokens, seconds, first = peer_turn(llama, ids, budget, ends)
+        row["tokens_per_second"][name] = len(tokens) / seconds
+        row.setdefault("llamacpp_first_tokens", {})[name] = first
+        row.setdefault("peers_identical", {})[name] = tokens == target
+    fastest = max(peers, key=lambda name: row["tokens_per_second"][name])
+    row["fastest_llamacpp"] = fastest
+    row["llamacpp_first_token"] = row["llamacpp_first_tokens"][fastest]
+    row["peer_identical"] = row["peers_identical"][fastest]
+    row["over_llamacpp"] = (
+        row["tokens_per_second"]["speculative"] / row["tokens_per_second"][fastest]
+    )
+    runs = ", ".join(
+        f"{'flash attention' if 'flash' in name else 'plain'} {row['tokens_per_second'][name]:.1f}"
+        f" tok/s (first token {row['llamacpp_first_tokens'][name]:.2f}s,"
+        f" same text {row['peers_identical'][name]})"
+        for name in peers
+    )
+    print(
+        f"         llama.cpp alone {runs}; the target's first token"
+        f" {row['target_first_token'] or 0:.2f}s; speculative {row['over_llamacpp']:.2f}x"
+        " the faster",
+        flush=True,
+    )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("chat_file", type=Path, help="a chat file: one JSON line with `turns`")
@@ -161,7 +201,7 @@ def main() -> int:
     session = open_session(config, lambda stage: None)
     print(f"settings: {session.settings.drafter_options()}", flush=True)
     print(f"target: {session.target.summary(session.settings)}", flush=True)
-    peer = None if args.no_peer else open_peer(session)
+    peers = {} if args.no_peer else open_peers(session)
     rows = []
     for number, turn in enumerate(record["turns"], 1):
         pauses: dict[str, float] = {}
@@ -196,19 +236,8 @@ def main() -> int:
             f"target {pauses.get('target', 0):.2f}s identical {row['identical']} [{sources}]",
             flush=True,
         )
-        if peer is not None:
-            budget, ends = session.settings.max_new_tokens, set(session.pair.eos_token_ids)
-            tokens, seconds, first = peer_turn(peer, ids, budget, ends)
-            row["tokens_per_second"]["llamacpp_exact"] = len(tokens) / seconds
-            row["llamacpp_first_token"] = first
-            row["peer_identical"] = tokens == answer.runs["target"].result.token_ids
-            row["over_llamacpp"] = row["tokens_per_second"]["speculative"] / (len(tokens) / seconds)
-            print(
-                f"         llama.cpp alone {len(tokens) / seconds:.1f} tok/s, first token"
-                f" {first:.2f}s (the target's {row['target_first_token'] or 0:.2f}s), speculative"
-                f" {row['over_llamacpp']:.2f}x it, same text {row['peer_identical']}",
-                flush=True,
-            )
+        if peers:
+            peer_figures(row, peers, session, ids, answer.runs["target"].result.token_ids)
     speedups = [row["speedup"] for row in rows]
     ratios = [row["first_token_ratio"] for row in rows]
     print(

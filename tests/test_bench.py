@@ -557,6 +557,52 @@ def test_a_chat_that_outgrows_the_context_drops_its_oldest_turns(pair: ModelPair
     assert all(record.runs["speculative"].identical for record in records)
 
 
+def test_speedups_over_llamacpp_alone_are_over_its_faster_run_by_category() -> None:
+    """Each prompt's speculative tokens/s over the faster of llama.cpp alone's
+    two runs (flash attention off and on), whichever that is on the prompt; the
+    stated figure is the median over categories of the category medians, with
+    the lowest category."""
+    from specrepl.measure.bench.figures import compare_with_target
+    from specrepl.measure.bench.summary import over_llamacpp_by_category
+
+    def record(category: str, speculative: float, plain: float, flash: float) -> PromptRecord:
+        runs = {  # 10 tokens each: tokens/s is 10 / seconds
+            "target": MethodRun("target", [1] * 10, 1.0),
+            "speculative": MethodRun("speculative", [1] * 10, 10 / speculative),
+            "llamacpp_exact": MethodRun("llamacpp_exact", [1] * 10, 10 / plain),
+            "llamacpp_exact_flash": MethodRun("llamacpp_exact_flash", [1] * 10, 10 / flash),
+        }
+        compare_with_target(runs, greedy=True)
+        return _record(category, runs)
+
+    records = [
+        record("qa", 30.0, 20.0, 15.0),  # the plain run is the faster: 1.5x
+        record("qa", 30.0, 10.0, 25.0),  # flash attention is: 1.2x
+        record("rag", 18.0, 20.0, 12.0),  # 0.9x
+        record("math", 40.0, 20.0, 20.0),  # 2.0x
+    ]
+    assert records[1].runs["speculative"].speedup_vs_llamacpp == pytest.approx(1.2)
+    assert records[0].runs["speculative"].to_dict()["speedup_vs_llamacpp_alone"] == 1.5
+    methods = [_method("target"), _method("speculative")]
+    methods += [
+        Method(name, name, "llamacpp") for name in ("llamacpp_exact", "llamacpp_exact_flash")
+    ]
+    summary = summarize(records, methods)
+    assert summary["qa"]["speculative"].speedup_vs_llamacpp == pytest.approx(1.35)
+    over = over_llamacpp_by_category(summary, "speculative")
+    assert over is not None
+    assert (over.median, over.lowest_category, over.categories) == (pytest.approx(1.35), "rag", 3)
+    assert over.lowest == pytest.approx(0.9)
+    assert "median over 3 categories 1.35×, lowest rag 0.90×" in over.in_words("spec")
+    alone_only = {"target": MethodRun("target", [1] * 10, 1.0)}
+    compare_with_target(alone_only, greedy=True)
+    assert alone_only["target"].speedup_vs_llamacpp is None  # no llama.cpp run: no figure
+    assert (
+        over_llamacpp_by_category(summarize([_record("qa", alone_only)], methods[:1]), "target")
+        is None
+    )
+
+
 def test_turn_groups_are_summed_up_apart() -> None:
     def record(earlier: int, long_input: bool, speedup: float) -> PromptRecord:
         target = MethodRun("target", [1] * 4, 1.0, speedup_vs_target=1.0)

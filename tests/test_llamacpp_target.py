@@ -364,7 +364,8 @@ def test_the_embedded_float32_file_gives_the_torch_targets_text(embedded_pair, e
 def test_bench_runs_the_exact_peer_and_the_target_in_llamacpp(embedded_pair) -> None:
     """`--target-runtime llamacpp`: bench's target-only and speculative methods run
     the float32 file in llama.cpp, and its default peer (llama.cpp alone on the
-    same file) gives the same tokens."""
+    same file, flash attention off and on) gives the same tokens; the speedup
+    over llama.cpp alone is over the faster of its two runs."""
     from specrepl.chat.settings import Settings
     from specrepl.measure.bench.options import DEFAULT_PEERS, BenchOptions
     from specrepl.measure.bench.prompts import BenchPrompt
@@ -373,13 +374,18 @@ def test_bench_runs_the_exact_peer_and_the_target_in_llamacpp(embedded_pair) -> 
     settings = Settings(max_new_tokens=16, drafter_kind="lookup", target_runtime="llamacpp")
     options = BenchOptions(settings, peers=DEFAULT_PEERS, warmup=0, tune_widths=False)
     benchmark = Benchmark(embedded_pair, options)
-    assert [m.name for m in benchmark.methods] == ["target", "speculative", "llamacpp_exact"]
+    names = [m.name for m in benchmark.methods]
+    assert names == ["target", "speculative", "llamacpp_exact", "llamacpp_exact_flash"]
     assert benchmark.methods[0].settings["target_runtime"].startswith("llama.cpp")
     records = benchmark.run([BenchPrompt(1, "writing", ("Name three colours of the rainbow.",))])
     assert benchmark.unavailable == {}, benchmark.unavailable
     runs = records[0].runs
     assert runs["llamacpp_exact"].token_ids == runs["target"].token_ids
+    assert runs["llamacpp_exact_flash"].token_ids == runs["target"].token_ids
     assert runs["speculative"].token_ids == runs["target"].token_ids
+    fastest = max(runs[name].tokens_per_second for name in names[2:])
+    over = runs["speculative"].speedup_vs_llamacpp
+    assert over == pytest.approx(runs["speculative"].tokens_per_second / fastest)
 
 
 def test_auto_takes_llamacpp_only_where_faster_and_the_text_is_the_same(

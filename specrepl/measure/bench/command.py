@@ -121,8 +121,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         " only), hf-compiled (generate() with a static cache and torch.compile; the"
         " compilation is timed apart), llamacpp (llama.cpp on the target's GGUF file, plain"
         " and with its prompt lookup; needs bash scripts/setup.sh), llamacpp-exact (llama.cpp on a"
-        " GGUF file of the target's exact weights, float32 for a quantized file: the fastest plain"
-        " run, the default), none",
+        " GGUF file of the target's exact weights, float32 for a quantized file, flash attention"
+        " off and on: the faster is the fastest plain run; the default), none",
     )
     parser.add_argument(
         "--gamma-sweep",

@@ -37,7 +37,9 @@ __all__ = [
     "HF_LOOKUP",
     "LATER_TURNS",
     "LLAMACPP",
+    "LLAMACPP_ALONE",
     "LLAMACPP_EXACT",
+    "LLAMACPP_EXACT_FLASH",
     "LLAMACPP_LOOKUP",
     "LONG_INPUT",
     "LONG_INPUT_TOKENS",
@@ -71,6 +73,10 @@ HF_LOOKUP = "hf_lookup"
 LLAMACPP = "llamacpp"
 LLAMACPP_LOOKUP = "llamacpp_lookup"
 LLAMACPP_EXACT = "llamacpp_exact"
+LLAMACPP_EXACT_FLASH = "llamacpp_exact_flash"
+LLAMACPP_ALONE = (LLAMACPP_EXACT, LLAMACPP_EXACT_FLASH)
+"""llama.cpp alone on the target's exact weights, flash attention off and on:
+speedups over llama.cpp alone are over the faster of the two on each prompt."""
 
 
 @dataclass(frozen=True)
@@ -120,6 +126,8 @@ class MethodRun(TimedTokens):
     match: OutputMatch | None = None
     speedup_vs_target: float | None = None
     speedup_vs_hf: float | None = None
+    speedup_vs_llamacpp: float | None = None
+    """Over the faster llama.cpp-alone run of the same prompt (`LLAMACPP_ALONE`)."""
     draft_cost_vs_target: float | None = None
     prediction: Prediction | None = None
     events: list[StepEvent] = field(default_factory=list, repr=False)
@@ -286,6 +294,7 @@ class MethodRun(TimedTokens):
             "reused_prompt_tokens": self.reused_prompt_tokens,
             "speedup_vs_target": self.speedup_vs_target,
             "speedup_vs_hf_generate": self.speedup_vs_hf,
+            "speedup_vs_llamacpp_alone": self.speedup_vs_llamacpp,
             "engine_seconds": self.engine_seconds,
             "steps": self.steps,
             "drafted": self.drafted,
@@ -390,16 +399,20 @@ def _ratio(top: float | None, bottom: float | None) -> float | None:
 def compare_with_target(runs: dict[str, MethodRun], *, greedy: bool) -> None:
     """Give each of one prompt's runs its figures against that prompt's
     target-only run: tokens against target-only's, speedups over it (and over
-    plain HF `generate()` when that ran), and for a speculative run the
-    prediction and its drafter's cost per draft over a target step."""
+    plain HF `generate()` and over the faster llama.cpp-alone run when those
+    ran), and for a speculative run the prediction and its drafter's cost per
+    draft over a target step."""
     target = runs[TARGET]
     hf = runs.get(HF_GENERATE)
+    alone = [runs[name].tokens_per_second for name in LLAMACPP_ALONE if name in runs]
+    fastest_alone = max(alone) if alone else None
     for name, run in runs.items():
         if name != TARGET:
             run.match = compare_outputs(run.token_ids, target.token_ids, greedy=greedy)
         run.speedup_vs_target = _ratio(run.tokens_per_second, target.tokens_per_second)
         if hf is not None:
             run.speedup_vs_hf = _ratio(run.tokens_per_second, hf.tokens_per_second)
+        run.speedup_vs_llamacpp = _ratio(run.tokens_per_second, fastest_alone)
         if run.drafted is not None:
             run.prediction = predict_from_steps(run.events, target.events)
             run.draft_cost_vs_target = _ratio(run.seconds_per_draft, target.target_step_seconds)

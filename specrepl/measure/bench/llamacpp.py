@@ -15,6 +15,13 @@ llama.cpp computes with the file's quantized weights (8-bit activations for
 its 4-bit dot products), whereas specrepl runs the de-quantized weights in
 float32, so greedy texts may part after a while: the benchmark reports how
 many prompts match token for token, as for every peer.
+
+The file of the target's exact weights is opened twice: with llama-cpp-python's
+own default (flash attention off) and with flash attention on (what
+llama.cpp's own programs choose on a CPU when left to decide). Which is faster
+depends on the machine and the prompt (a long prompt reads faster with it;
+one-token steps after a long context may not), so the benchmark runs both and
+measures speedups over the faster of the two on each prompt.
 """
 
 from __future__ import annotations
@@ -28,7 +35,14 @@ from typing import Any
 from specrepl.engine.llamacpp import INSTALL_HINT, LlamaCppUnavailable, import_llamacpp, open_gguf
 from specrepl.engine.processors import LogitsProcessor
 
-__all__ = ["INSTALL_HINT", "LlamaCpp", "LlamaCppUnavailable", "open_llamacpp", "sampling_options"]
+__all__ = [
+    "INSTALL_HINT",
+    "LlamaCpp",
+    "LlamaCppUnavailable",
+    "open_flash",
+    "open_llamacpp",
+    "sampling_options",
+]
 
 
 def sampling_options(processor: LogitsProcessor) -> dict[str, Any]:
@@ -52,13 +66,17 @@ class LlamaCpp:
     """The loaded GGUF files: `plain` decodes the target's file one token per
     step, `lookup` (built with the binding's prompt-lookup draft model)
     verifies drafts in batches, `exact` decodes the file of the target's exact
-    weights one token per step; each None where not asked for."""
+    weights one token per step and `exact_flash` does so with flash attention;
+    each None where not asked for (`exact_flash` also where it did not load:
+    `exact_flash_problem` says why)."""
 
     plain: Any
     lookup: Any
     version: str
     end_tokens: frozenset[int] = field(default_factory=frozenset)
     exact: Any = None
+    exact_flash: Any = None
+    exact_flash_problem: str | None = None
 
     def generate(
         self,
@@ -70,14 +88,17 @@ class LlamaCpp:
         which: str = "llamacpp",
     ) -> list[int]:
         """Up to `budget` new tokens after `ids` from the model `which` names
-        ("llamacpp", "llamacpp_lookup", "llamacpp_exact"), ending after an end token.
+        ("llamacpp", "llamacpp_lookup", "llamacpp_exact", "llamacpp_exact_flash"),
+        ending after an end token.
 
         The model state is reset first, so that no run reuses the previous
         run's cached prompt (llama-cpp-python would otherwise match prefixes).
         """
-        model = {"llamacpp_lookup": self.lookup, "llamacpp_exact": self.exact}.get(
-            which, self.plain
-        )
+        model = {
+            "llamacpp_lookup": self.lookup,
+            "llamacpp_exact": self.exact,
+            "llamacpp_exact_flash": self.exact_flash,
+        }.get(which, self.plain)
         if model is None:
             raise LlamaCppUnavailable(f"{which} was not loaded")
         model.reset()
@@ -101,8 +122,9 @@ def open_llamacpp(
     exact: Path | None = None,
 ) -> LlamaCpp:
     """Load the GGUF file twice (plain and with prompt lookup; unless not
-    `quantized`), and the file of the target's exact weights `exact` once
-    where given, or raise `LlamaCppUnavailable` saying why it cannot run here."""
+    `quantized`), and the file of the target's exact weights `exact` twice
+    (flash attention off and on) where given, or raise `LlamaCppUnavailable`
+    saying why it cannot run here."""
     plain = lookup = None
     if quantized:
         plain, lookup = _open_with_lookup(path, context_length, draft_tokens, threads)
@@ -112,15 +134,31 @@ def open_llamacpp(
             "(use the embedded model or a .gguf file)"
         )
     llama_cpp = import_llamacpp()
-    return LlamaCpp(
+    opened = LlamaCpp(
         plain=plain,
         lookup=lookup,
         version=str(getattr(llama_cpp, "__version__", "unknown")),
         end_tokens=frozenset(int(token) for token in end_tokens),
-        exact=None
-        if exact is None
-        else open_gguf(exact, context_length=context_length, threads=threads),
     )
+    if exact is not None:
+        opened.exact = open_gguf(exact, context_length=context_length, threads=threads)
+        opened.exact_flash, opened.exact_flash_problem = open_flash(
+            exact, context_length=context_length, threads=threads
+        )
+    return opened
+
+
+def open_flash(
+    path: Path, *, context_length: int, threads: int | None = None
+) -> tuple[Any, str | None]:
+    """The GGUF file at `path` with flash attention on, and None; or None and
+    why it did not load (a build without it: the plain run is still measured)."""
+    try:
+        return open_gguf(
+            path, context_length=context_length, threads=threads, flash_attn=True
+        ), None
+    except LlamaCppUnavailable as error:
+        return None, str(error)
 
 
 def _open_with_lookup(

@@ -28,7 +28,7 @@ from typing import Any
 
 from specrepl.engine.output_match import OutputMatch
 from specrepl.measure.bench.figures import FIRST_TURNS, LONG_INPUT, SPECULATIVE, TARGET
-from specrepl.measure.bench.summary import OVERALL
+from specrepl.measure.bench.summary import OVERALL, OverCategories
 
 __all__ = [
     "DASH",
@@ -100,6 +100,7 @@ OVERALL_FIGURES: tuple[tuple[str, Figure], ...] = (
     ("tok/s", lambda s: format_number(s["tokens_per_second"])),
     ("× target", lambda s: format_times(s["speedup_vs_target"])),
     ("× HF generate", lambda s: format_times(s["speedup_vs_hf"])),
+    ("× llama.cpp alone", lambda s: format_times(s.get("speedup_vs_llamacpp"))),
     ("same output", _same),
     ("acceptance", lambda s: format_percent(s["acceptance"])),
     ("α", lambda s: format_number(s["alpha"], 2)),
@@ -107,7 +108,8 @@ OVERALL_FIGURES: tuple[tuple[str, Figure], ...] = (
     ("predicted", lambda s: format_times(s["predicted_speedup"])),
     ("meas/pred", lambda s: format_number(s["measured_over_predicted"], 2)),
 )
-COMPARED_FIGURES = ("tok/s", "× target", "× HF generate", "same output", "acceptance", "tok/step")
+COMPARED_FIGURES = ("tok/s", "× target", "× HF generate", "× llama.cpp alone", "same output")
+COMPARED_FIGURES += ("acceptance", "tok/step")
 """The overall figures `compare_markdown` puts side by side (`run_markdown` shows all)."""
 TIME_FIGURES: tuple[tuple[str, Figure], ...] = (
     ("drafter", lambda s: format_percent(s["draft_share"])),
@@ -248,6 +250,8 @@ def _overall_figures(runs: Sequence[dict[str, Any]]) -> list[tuple[str, Figure]]
     figures = list(OVERALL_FIGURES)
     if not any(_has_hf(run) for run in runs):
         figures = [f for f in figures if f[0] != "× HF generate"]
+    if not any(run.get("over_llamacpp_alone") for run in runs):
+        figures = [f for f in figures if f[0] != "× llama.cpp alone"]
     if not any(run.get("config", {}).get("processor", "greedy") == "greedy" for run in runs):
         figures = [f for f in figures if f[0] != "same output"]
     return figures
@@ -274,6 +278,11 @@ def run_markdown(run: dict[str, Any]) -> str:
             ["method", *(name for name, _ in figures)],
             ([m["label"], *(cell(overall[m["name"]]) for _, cell in figures)] for m in methods),
         ),
+    ]
+    labels = {m["name"]: m["label"] for m in methods}
+    parts += [
+        f"\n{OverCategories(**over).in_words(labels.get(name, name))}."
+        for name, over in (run.get("over_llamacpp_alone") or {}).items()
     ]
     categories = _categories(run)
     if categories:

@@ -34,6 +34,7 @@ from specrepl.measure.bench.figures import (
     HF_LOOKUP,
     LLAMACPP,
     LLAMACPP_EXACT,
+    LLAMACPP_EXACT_FLASH,
     LLAMACPP_LOOKUP,
     Method,
     MethodRun,
@@ -261,9 +262,10 @@ class LlamaCppPeer:
     """llama.cpp on the target's GGUF file, plain and with its prompt lookup
     (`llamacpp`), and on a GGUF file of the target's exact weights
     (`llamacpp-exact`: float32 for a quantized file, what specrepl's target
-    computes with): the fastest plain run of the same weights."""
+    computes with; flash attention off and on, the faster of the two on each
+    prompt being the fastest plain run of the same weights)."""
 
-    NAMES = frozenset({LLAMACPP, LLAMACPP_LOOKUP, LLAMACPP_EXACT})
+    NAMES = frozenset({LLAMACPP, LLAMACPP_LOOKUP, LLAMACPP_EXACT, LLAMACPP_EXACT_FLASH})
     PEERS = frozenset({"llamacpp", "llamacpp-exact"})
 
     def __init__(self, pair: ModelPair, options: BenchOptions) -> None:
@@ -285,6 +287,14 @@ class LlamaCppPeer:
         if "llamacpp-exact" in peers:
             label = "llama.cpp, the target's exact weights"
             methods.append(Method(LLAMACPP_EXACT, label, "llamacpp", settings=common))
+            methods.append(
+                Method(
+                    LLAMACPP_EXACT_FLASH,
+                    f"{label}, flash attention",
+                    "llamacpp",
+                    settings={**common, "flash_attn": True},
+                )
+            )
         if "llamacpp" in peers:
             methods.append(Method(LLAMACPP, "llama.cpp", "llamacpp", settings=common))
             methods.append(
@@ -317,6 +327,13 @@ class LlamaCppPeer:
             exact=exact,
         )
         return self.llama
+
+    def not_loaded(self) -> dict[str, str]:
+        """The opened peer's methods that did not load, with the reason."""
+        llama = self.llama
+        if llama is None or llama.exact is None or llama.exact_flash is not None:
+            return {}
+        return {LLAMACPP_EXACT_FLASH: f"flash attention did not load ({llama.exact_flash_problem})"}
 
     def run(self, method: Method, ids: list[int], budget: int, seed: int) -> MethodRun:
         """Time one llama.cpp method on one prompt's ids with a budget of new tokens."""

@@ -24,11 +24,24 @@ import torch
 import transformers
 
 from specrepl.engine.widths import cpu_identity
-from specrepl.measure.bench.figures import HF_GENERATE, Method, MethodRun, PromptRecord
+from specrepl.measure.bench.figures import (
+    HF_GENERATE,
+    LLAMACPP_ALONE,
+    Method,
+    MethodRun,
+    PromptRecord,
+)
 from specrepl.measure.bench.options import BenchOptions
 from specrepl.measure.bench.prompts import BenchTurn
 from specrepl.measure.bench.runner import Benchmark
-from specrepl.measure.bench.summary import OVERALL, MethodSummary, summarize, summarize_turns
+from specrepl.measure.bench.summary import (
+    OVERALL,
+    MethodSummary,
+    OverCategories,
+    over_llamacpp_by_category,
+    summarize,
+    summarize_turns,
+)
 from specrepl.store.atomic import write_text_atomically
 from specrepl.version import __version__
 
@@ -148,6 +161,20 @@ class BenchReport:
         return any(method.name == HF_GENERATE for method in self.methods)
 
     @property
+    def has_llamacpp_alone(self) -> bool:
+        """Whether llama.cpp alone on the target's exact weights ran."""
+        return any(method.name in LLAMACPP_ALONE for method in self.methods)
+
+    def over_llamacpp(self) -> dict[str, OverCategories]:
+        """Each main method's speedup over llama.cpp alone across categories."""
+        figures = {
+            method.name: over_llamacpp_by_category(self.summary, method.name)
+            for method in self.main_methods
+            if method.name not in LLAMACPP_ALONE
+        }
+        return {name: over for name, over in figures.items() if over is not None}
+
+    @property
     def main_methods(self) -> list[Method]:
         """The methods without the sweep's."""
         return [method for method in self.methods if method.sweep_gamma is None]
@@ -190,6 +217,9 @@ class BenchReport:
                 for method in self.methods
             ],
             "summary": _summaries(self.summary),
+            "over_llamacpp_alone": {
+                name: asdict(over) for name, over in self.over_llamacpp().items()
+            },
             "summary_by_turn": _summaries(self.turn_summary),
             "gamma_sweep": [
                 {"gamma": method.sweep_gamma, **asdict(overall[method.name])}

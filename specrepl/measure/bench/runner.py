@@ -19,8 +19,7 @@ REPL drops them, when the context would overflow). With `conversation`
 method keeps its caches from one turn to the next as the REPL's session keeps
 them for each generator: the target's `PromptCache` and a drafter built to keep
 its own state. The peers keep nothing and read each turn's whole prompt. It
-never prints: progress goes through a callback.
-"""
+never prints: progress goes through a callback."""
 
 from __future__ import annotations
 
@@ -322,9 +321,8 @@ class Benchmark:
         self.compile_seconds = run.seconds
 
     def open_llamacpp_peer(self) -> None:
-        """Load the llama.cpp peer before anything is timed; when it cannot run
-        here (not installed, no GGUF file, does not load), its methods are
-        dropped and `unavailable` says why."""
+        """Load the llama.cpp peer before anything is timed; a method that cannot
+        run here (not installed, no GGUF file, does not load) is dropped, and why said."""
         names = {method.name for method in self.methods} & LlamaCppPeer.NAMES
         if not names:
             return
@@ -334,6 +332,8 @@ class Benchmark:
             for name in sorted(names):
                 self.drop_peer(name, str(error))
             return
+        for name, reason in self.llamacpp.not_loaded().items():  # flash attention, say
+            self.drop_peer(name, reason)
         version = {"llama_cpp_python": llama.version}
         self.methods = [
             replace(m, settings={**m.settings, **version}) if m.name in names else m

@@ -4,7 +4,9 @@
 `summarize_turns` per kind of turn (first turns, later turns, long inputs)
 (`MethodSummary`): medians of per-prompt figures (tokens/s, speedups as
 per-prompt ratios, the predicted speedup), pooled acceptance and tokens per
-target step, and pooled shares of time and steps.
+target step, and pooled shares of time and steps. `over_llamacpp_by_category`
+gives the figure a speedup over llama.cpp alone is stated by: the median over
+categories of each category's median, and the lowest category.
 
 Plain arithmetic on recorded runs: no torch, no rich, no model.
 """
@@ -19,7 +21,14 @@ from dataclasses import dataclass
 from specrepl.measure.bench.figures import TURN_GROUPS, Method, MethodRun, PromptRecord
 from specrepl.measure.bench.prediction import per_draft_acceptance
 
-__all__ = ["OVERALL", "MethodSummary", "summarize", "summarize_turns"]
+__all__ = [
+    "OVERALL",
+    "MethodSummary",
+    "OverCategories",
+    "over_llamacpp_by_category",
+    "summarize",
+    "summarize_turns",
+]
 
 OVERALL = "overall"
 """The summary's name for all prompts together."""
@@ -68,6 +77,49 @@ class MethodSummary:
     acceptance_by_position: tuple[float, ...] | None = None
     """Pooled share of draft j accepted where draft j was proposed and the
     ones before it accepted, for j = 1, 2, ... (positions tried 20 times or more)."""
+    speedup_vs_llamacpp: float | None = None
+    """Median over prompts of tokens/s over the faster llama.cpp-alone run."""
+
+
+@dataclass(frozen=True)
+class OverCategories:
+    """One method's speedup over llama.cpp alone across categories: the median
+    of the categories' medians, and the lowest category with its median."""
+
+    median: float
+    lowest_category: str
+    lowest: float
+    categories: int
+
+    def in_words(self, label: str) -> str:
+        """The figure as the terminal and the Markdown tables state it."""
+        return (
+            f"{label} over llama.cpp alone (the faster of flash attention off and on, prompt"
+            f" by prompt): median over {self.categories} categories {self.median:.2f}×,"
+            f" lowest {self.lowest_category} {self.lowest:.2f}×"
+        )
+
+
+def over_llamacpp_by_category(
+    summary: dict[str, dict[str, MethodSummary]], method: str
+) -> OverCategories | None:
+    """`method`'s speedup over llama.cpp alone, category by category (`summarize`'s
+    groups but `overall`); None where no category has the figure."""
+    medians = {
+        name: figures[method].speedup_vs_llamacpp
+        for name, figures in summary.items()
+        if name != OVERALL and method in figures
+    }
+    present = {name: value for name, value in medians.items() if value is not None}
+    if not present:
+        return None
+    lowest = min(present, key=present.__getitem__)
+    return OverCategories(
+        median=statistics.median(present.values()),
+        lowest_category=lowest,
+        lowest=present[lowest],
+        categories=len(present),
+    )
 
 
 def _by_source(runs: list[MethodRun]) -> tuple[dict[str, float], dict[str, float]] | None:
@@ -164,6 +216,7 @@ def _summary(method: str, runs: list[MethodRun]) -> MethodSummary:
         drafting_steps_by_source=by_source[1] if by_source else None,
         draft_cost_vs_target=_median(run.draft_cost_vs_target for run in runs),
         acceptance_by_position=_by_position(runs),
+        speedup_vs_llamacpp=_median(run.speedup_vs_llamacpp for run in runs),
     )
 
 

@@ -102,6 +102,8 @@ def _summary_table(report: BenchReport, title: str, figures: dict[str, MethodSum
     table.add_column("× target", justify="right")
     if report.has_hf:
         table.add_column("× HF gen", justify="right")
+    if report.has_llamacpp_alone:
+        table.add_column("× llama.cpp", justify="right")
     if report.options.greedy:
         table.add_column("same", justify="right")
     _add_acceptance_columns(table)
@@ -116,6 +118,8 @@ def _summary_table(report: BenchReport, title: str, figures: dict[str, MethodSum
         ]
         if report.has_hf:
             row.append(format_times(summary.speedup_vs_hf))
+        if report.has_llamacpp_alone:
+            row.append(format_times(summary.speedup_vs_llamacpp))
         if report.options.greedy:
             row.append(_identical(summary, method))
         row += _acceptance_cells(summary)
@@ -224,6 +228,13 @@ def _sweep_table(report: BenchReport) -> Table:
     return table
 
 
+def _render_over_llamacpp(report: BenchReport, console: Console) -> None:
+    """The figure a speedup over llama.cpp alone is stated by, for each method."""
+    labels = {method.name: method.label for method in report.methods}
+    for name, over in report.over_llamacpp().items():
+        console.print(escape(over.in_words(labels[name])))
+
+
 def _render_mismatches(report: BenchReport, console: Console) -> None:
     """Every greedy output that differs from target-only's, loudly (none expected)."""
     mismatches = report.mismatches()
@@ -267,6 +278,7 @@ def render_report(report: BenchReport, console: Console) -> None:
         console.print(_time_split_table(report))
         if report.sweep_methods:
             console.print(_sweep_table(report))
+        _render_over_llamacpp(report, console)
         console.print(
             "[dim]tok/s, ×, predicted and meas/pred: medians of per-prompt figures. "
             "accept = accepted/drafted, α = accepted/(accepted + rejections), tok/step = "
