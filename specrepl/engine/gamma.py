@@ -229,8 +229,13 @@ class AutoGamma(_SourceChoosing):
 
     Gamma 0 is not chosen before three first drafts of an offered source have
     been seen: one early rejection says little, and leaving drafting is costly
-    to undo because only the probe every `probe_every` plain steps brings new
-    evidence.
+    to undo because only a probe brings new evidence: every `probe_every`
+    plain steps the first source offered drafts `initial` tokens, and where
+    the target alone would be chosen while a source whose drafts cannot be
+    scored unused (a model, not prompt lookup) has been passed over for
+    `probe_every` steps, that source drafts them. Without the second, a model
+    whose rates sank on one hard stretch stays unused for as long as prompt
+    lookup's offers keep interrupting the plain steps.
     """
 
     name = "auto"
@@ -318,7 +323,22 @@ class AutoGamma(_SourceChoosing):
         if evidence >= self.MIN_EVIDENCE:  # else too few drafts seen to give up on drafting
             rates[("", 0)] = estimates.rate(Offer("", 0), 0)
         best = max(rates, key=rates.__getitem__)
+        if best == ("", 0):
+            stale = self._stale(usable)
+            if stale is not None:
+                return Choice(stale.source, min(stale.drafts, self.initial), "probe")
         return Choice(best[0], best[1], _describe(best, rates, labels=_labels(usable)))
+
+    def _stale(self, offers: Sequence[Offer]) -> Offer | None:
+        """The offer, of a source whose drafts cannot be scored unused, passed
+        over longest, if for at least `probe_every` steps."""
+        counts = {
+            offer: self.estimates.source(offer.source).passed_over
+            for offer in offers
+            if offer.tokens is None
+        }
+        stale = max(counts, key=counts.__getitem__, default=None)
+        return stale if stale is not None and counts[stale] >= self.probe_every else None
 
 
 def make_policy(name: str, gamma: int, *, confidence: float = 0.4) -> GammaPolicy:

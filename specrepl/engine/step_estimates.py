@@ -83,6 +83,9 @@ class SourceEstimates:
         self.long_taken = [0.0] * max_gamma
         self.seen = 0
         """Steps this source has drafted (or been scored on), never faded."""
+        self.passed_over = 0
+        """Steps in a row this source was offered, could not be scored unused
+        (its drafts are not known in advance) and did not draft."""
         self.draft_cost: float | None = None
         """Seconds per draft, beyond the read that gives the first."""
         self.first_read: float | None = None
@@ -289,9 +292,13 @@ class StepEstimates:
         else:
             self.plain_steps += 1
         for offer in self.offers:  # a draft known in advance is scored even when unused
-            if offer.tokens and (offer.source != event.source or event.gamma == 0):
+            unused = offer.source != event.source or event.gamma == 0
+            if offer.tokens and unused:
                 for estimates in self._counted(offer):
                     estimates.score(offer.tokens, event.appended)
+            elif offer.tokens is None:
+                source = self.source(offer.source)
+                source.passed_over = source.passed_over + 1 if unused else 0
         self.offers = ()
         if self.steps == 1:
             return  # prompt processing dominates the first step's timings
