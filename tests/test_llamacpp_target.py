@@ -432,7 +432,8 @@ def test_auto_takes_an_earlier_verdict_without_measuring_again(
     earlier = target_choice.Verdict("llamacpp", "a step costs 0.40 of torch's", seconds)
     taken = choose("auto", model, Tuning(), llama.path, context_length=256, earlier=earlier)
     assert taken.runtime == "llamacpp" and taken.earlier and not taken.measured
-    assert taken.describe().endswith("a step costs 0.40 of torch's (measured at an earlier start)")
+    described = taken.describe()
+    assert "a step costs 0.40 of torch's (measured at an earlier start); reads" in described
     assert taken.verdict() == earlier
     kept = target_choice.Verdict("torch", "llama.cpp's step measured 1.30x torch's", seconds)
     torch_again = choose("auto", model, Tuning(), llama.path, context_length=256, earlier=kept)
@@ -582,7 +583,7 @@ def test_auto_on_the_embedded_pair_is_measured_once_and_stored(embedded_pair) ->
     assert set(stored["seconds"]) == {"torch", "llamacpp"}
     again = ChatTarget(embedded_pair).choice(settings)
     assert again.earlier and again.runtime == first.runtime
-    assert again.describe().endswith("(measured at an earlier start)")
+    assert "(measured at an earlier start); reads " in again.describe()
 
 
 def test_the_embedded_float32_file_gives_the_torch_targets_features(

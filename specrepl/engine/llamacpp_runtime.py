@@ -20,7 +20,10 @@ positions (the verification's k + 1 rows, or the prompt's last), and copies
 them out in one read; a rollback removes the positions past the kept length
 from the context's one sequence. `time_widths` measures the seconds of a pass
 by width after a short context, which the gamma policy reads as the target's
-step costs. Where a drafter reads the target's features (a draft head), a
+step costs. A prompt pass (new tokens whose logits are asked at the last
+alone) of at least `reads_wide_from` tokens is read in a flash-attention
+context and its keys and values moved back (`llamacpp_reading`), where
+`time_reading` found that faster. Where a drafter reads the target's features (a draft head), a
 pass also gives the hidden states it reads, through a `llamacpp_features`
 tap: such a runtime moves to a context with a tap (reading what it held
 again) the first time it is asked for them, so that the plain runtimes'
@@ -44,6 +47,7 @@ import torch
 
 from specrepl.engine.llamacpp import import_llamacpp, open_gguf
 from specrepl.engine.llamacpp_features import FeatureTap, feature_names, tap_problem
+from specrepl.engine.llamacpp_reading import READ_WIDTH, WideReader, time_reading
 from specrepl.engine.runtime import FeaturesUnavailable, ModelRuntime, RunnableModel
 
 __all__ = ["LlamaCppModel", "LlamaCppRuntime"]
@@ -53,23 +57,50 @@ BATCH = 512
 
 
 class _Context:
-    """A llama.cpp context with its batch and the tokens its sequence 0 holds."""
+    """A llama.cpp context with its batch and the tokens its sequence 0 holds
+    (`flash`: with flash attention, for `llamacpp_reading.WideReader`)."""
 
-    def __init__(self, llama_cpp: Any, llama: Any, *, tapped: bool = False) -> None:
+    batch_size = BATCH
+
+    def __init__(
+        self, llama_cpp: Any, llama: Any, *, tapped: bool = False, flash: bool = False
+    ) -> None:
         from llama_cpp import _internals
 
         self._llama_cpp = llama_cpp
-        params = llama.context_params
+        params = type(llama.context_params).from_buffer_copy(llama.context_params)
         self.tap: FeatureTap | None = None
-        if tapped:  # a copy of the parameters with the tap's callback in them
+        if tapped:  # the tap's callback in the copy of the parameters
             self.tap = FeatureTap(llama_cpp)
-            params = type(params).from_buffer_copy(params)
             params.cb_eval = self.tap.callback
+        if flash:
+            params.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED
         self.owner = _internals.LlamaContext(model=llama._model, params=params, verbose=False)
         self.ctx = self.owner.ctx
         self.memory = llama_cpp.llama_get_memory(self.ctx)
         self.batch = llama_cpp.llama_batch_init(BATCH, 0, 1)
         self.held: list[int] = []
+
+    def decode(self, tokens: list[int], position: int, first_output: int) -> int:
+        """Decode `tokens` at positions from `position`, with logits from the
+        `first_output`-th token of the chunk on; returns how many were asked."""
+        batch = self.batch
+        outputs = 0
+        for index, token in enumerate(tokens):
+            batch.token[index] = token
+            batch.pos[index] = position + index
+            batch.n_seq_id[index] = 1
+            batch.seq_id[index][0] = 0
+            wanted = index >= first_output
+            batch.logits[index] = 1 if wanted else 0
+            outputs += wanted
+        batch.n_tokens = len(tokens)
+        status = self._llama_cpp.llama_decode(self.ctx, batch)
+        if status != 0:
+            self.remove_from(position)
+            raise RuntimeError(f"llama.cpp could not decode {len(tokens)} tokens (status {status})")
+        self.held.extend(tokens)
+        return outputs
 
     def clear(self) -> None:
         self._llama_cpp.llama_memory_clear(self.memory, True)
@@ -125,6 +156,12 @@ class LlamaCppModel(RunnableModel):
         self.gives_features = self.features_problem is None
         self._free: dict[bool, list[_Context]] = {False: [], True: []}
         self._seconds: dict[int, float] | None = None
+        self.reads_wide_from: int | None = None
+        """The fewest new tokens a prompt pass reads with flash attention
+        (`time_reading`; None: never)."""
+        self.reading: str | None = None
+        """What `time_reading` measured, in words (None before)."""
+        self._reader: WideReader | None = None
 
     def open(self, *, use_cache: bool = True) -> LlamaCppRuntime:
         return LlamaCppRuntime(self, keeps=use_cache)
@@ -173,6 +210,52 @@ class LlamaCppModel(RunnableModel):
         seconds = {width - 1: statistics.median(taken) for width, taken in timings.items()}
         self._seconds = seconds
         return seconds
+
+    def reads_wide(self, count: int) -> bool:
+        """Whether a prompt pass over `count` new tokens is read with flash attention."""
+        return self.reads_wide_from is not None and count >= self.reads_wide_from
+
+    def read_wide(self, context: _Context, tokens: list[int], width: int) -> np.ndarray:
+        """`tokens` read after what `context` holds, in the flash-attention
+        context (`llamacpp_reading`); the last one's logits."""
+        if self._reader is None:
+            flash = _Context(self._llama_cpp, self.llama, flash=True)
+            self._reader = WideReader(self._llama_cpp, flash)
+        return self._reader.read(context, tokens, width)
+
+    def time_reading(self, *, held: int = 64) -> str:
+        """Time a prompt pass of `READ_WIDTH` tokens after `held` read plainly
+        and with flash attention; the faster is used from then on for prompt
+        passes at least that long (`reads_wide_from`). Returns, and keeps in
+        `reading`, what was measured, in words."""
+        if held + READ_WIDTH > self.context:
+            self.reads_wide_from = None
+            self.reading = f"reads every prompt plainly (a context of {self.context} is too short)"
+            return self.reading
+        runtime = self.open()
+        ids = [int(i) % self.width for i in range(2000, 2000 + held + READ_WIDTH)]
+        sequence = torch.tensor(ids)
+        runtime.score(sequence[:held], 1, self.width)
+
+        def read(wide: bool) -> None:
+            self.reads_wide_from = READ_WIDTH if wide else None
+            runtime.score(sequence, 1, self.width)
+            runtime.rollback_to(held)
+
+        try:
+            plain, wide = time_reading(lambda: read(False), lambda: read(True))
+        except (RuntimeError, ValueError) as error:  # the state moves were refused
+            self.reads_wide_from = None
+            self.reading = f"reads every prompt plainly (flash attention could not: {error})"
+            return self.reading
+        faster = wide < plain
+        self.reads_wide_from = READ_WIDTH if faster else None
+        self.reading = (
+            f"reads prompts of {READ_WIDTH}+ new tokens with flash attention"
+            if faster
+            else "reads prompts plainly"
+        ) + f" ({READ_WIDTH} tokens: {wide:.2f} s with it, {plain:.2f} s without, measured)"
+        return self.reading
 
 
 class LlamaCppRuntime(ModelRuntime):
@@ -266,6 +349,9 @@ class LlamaCppRuntime(ModelRuntime):
             raise ValueError(
                 f"{start + len(fed)} positions do not fit the context of {self._model.context}"
             )
+        if not names and keep == 1 and self._keeps and self._model.reads_wide(len(fed)):
+            logits = self._model.read_wide(self._context, fed, vocab_size)
+            return torch.from_numpy(logits).unsqueeze(0), None
         if not names:
             return self._feed(fed, start, keep, vocab_size, every_output=False), None
         tap = self._context.tap
@@ -286,7 +372,7 @@ class LlamaCppRuntime(ModelRuntime):
         first_kept = len(fed) - keep
         for offset in range(0, len(fed), BATCH):
             wanted = first_kept - offset
-            outputs = self._decode(
+            outputs = self._context.decode(
                 fed[offset : offset + BATCH], start + offset, 0 if every_output else wanted
             )
             skipped = max(wanted, 0) if every_output else 0
@@ -302,26 +388,4 @@ class LlamaCppRuntime(ModelRuntime):
         self._give_back()
         self._context, self._give_back = self._model.take_context(self, tapped=True)
         for offset in range(0, len(held), BATCH):
-            self._decode(held[offset : offset + BATCH], offset, BATCH)
-
-    def _decode(self, tokens: list[int], position: int, first_output: int) -> int:
-        """Decode `tokens` at positions from `position`, with logits from the
-        `first_output`-th token of the chunk on; returns how many were asked."""
-        batch = self._context.batch
-        count = len(tokens)
-        outputs = 0
-        for index, token in enumerate(tokens):
-            batch.token[index] = token
-            batch.pos[index] = position + index
-            batch.n_seq_id[index] = 1
-            batch.seq_id[index][0] = 0
-            wanted = index >= first_output
-            batch.logits[index] = 1 if wanted else 0
-            outputs += wanted
-        batch.n_tokens = count
-        status = self._llama_cpp.llama_decode(self._context.ctx, batch)
-        if status != 0:
-            self._context.remove_from(position)
-            raise RuntimeError(f"llama.cpp could not decode {count} tokens (status {status})")
-        self._context.held.extend(tokens)
-        return outputs
+            self._context.decode(held[offset : offset + BATCH], offset, BATCH)

@@ -87,7 +87,14 @@ class PromptCache:
         return runtime, reused
 
     def keep(self, runtime: ModelRuntime, sequence: torch.Tensor) -> None:
-        """Keep `runtime`, which holds the first tokens of `sequence` (1-D ids), for next time."""
+        """Keep `runtime`, which holds the first tokens of `sequence` (1-D ids),
+        for next time. It is kept holding every token of `sequence` but the
+        last at most, as a run of the target alone leaves it (a verification
+        that kept drafts up to an end token holds them all): so the next turn
+        feeds the same tokens after the same held ones in every run of a chat,
+        and a prompt pass that reads them another way than a step does
+        (`llamacpp_reading`) reads them alike in each."""
+        runtime.rollback_to(min(runtime.length, sequence.shape[0] - 1))
         self._runtime = runtime
         self._ids = sequence[: runtime.length]
 

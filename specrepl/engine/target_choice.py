@@ -16,7 +16,10 @@ eager one instead (`static_or_eager`: cheaper, and the same greedy text on
 the calibration prompts); on a CPU it weighs llama.cpp. A verdict measured at
 an earlier start (`Verdict`, kept by the caller) is taken instead of measuring
 again, so only the first start on a machine pays for the timing and the text
-check.
+check. A llama.cpp target chosen also has its way of reading long prompts
+timed (`LlamaCppModel.time_reading`, at every start: it is cheap), except
+where the drafter reads its features: such a target reads plainly, and is a
+model object of its own so that no run of it reads otherwise.
 
 Which GGUF file holds the target's exact weights (a float32 copy of a
 quantized file) is the caller's business (`specrepl.models.gguf_f32`).
@@ -103,23 +106,43 @@ class TargetChoice:
             name = f"torch, static cache{compiled}"
         file = f" ({self.runnable.path.name})" if isinstance(self.runnable, LlamaCppModel) else ""
         when = " (measured at an earlier start)" if self.earlier else ""
-        return f"{name}{file}: {self.reason}{when}"
+        reading = getattr(self.runnable, "reading", None)
+        return f"{name}{file}: {self.reason}{when}" + (f"; {reading}" if reading else "")
 
 
-_OPENED: weakref.WeakValueDictionary[tuple[str, int, int], LlamaCppModel] = (
+_OPENED: weakref.WeakValueDictionary[tuple[str, int, int, bool], LlamaCppModel] = (
     weakref.WeakValueDictionary()
 )
 """The llama.cpp targets open in this process: sessions over the same file
 share its weights (each runtime has a context of its own) and its widths."""
 
 
-def _opened(gguf: Path | None, *, context_length: int, threads: int) -> LlamaCppModel:
-    key = (str(gguf), context_length, threads)
+def _opened(
+    gguf: Path | None, *, context_length: int, threads: int, features: bool = False
+) -> LlamaCppModel:
+    """The file opened in llama.cpp once per process for each use: a target
+    whose drafter reads its features never reads a prompt with flash
+    attention (its features come from the plain context), so it is a model
+    of its own, whose runtimes all read the same way."""
+    key = (str(gguf), context_length, threads, features)
     model = _OPENED.get(key)
     if model is None:
         model = LlamaCppModel(gguf, context_length=context_length, threads=threads)
         _OPENED[key] = model
     return model
+
+
+def _reading(choice: TargetChoice, features: bool) -> TargetChoice:
+    """`choice` (of a llama.cpp target) once how it reads prompts is decided:
+    measured once, never with flash attention where the drafter reads the
+    target's features."""
+    llama = choice.runnable
+    assert isinstance(llama, LlamaCppModel)
+    if features:
+        llama.reading = "reads prompts plainly (the drafter reads its features)"
+    elif llama.reading is None:
+        llama.time_reading()
+    return choice
 
 
 def torch_step_seconds(model: PreTrainedModel, tuning: Tuning, *, repeats: int = 5) -> float:
@@ -256,9 +279,8 @@ def choose_target_runtime(
 ) -> TargetChoice:
     """What runs the target `model` (whose exact weights the GGUF file `gguf`
     holds, or None): see the module docstring. `earlier`: what "auto" decided
-    at an earlier start on this machine, taken instead of measuring.
-    `features`: the drafter reads the target's features, which "auto" takes
-    from llama.cpp only where this llama.cpp can give them."""
+    at an earlier start here, taken instead of measuring. `features`: the
+    drafter reads the target's features (from llama.cpp only where it can)."""
     if requested not in TARGET_RUNTIMES:
         raise ValueError(f"runtime must be one of {', '.join(TARGET_RUNTIMES)}, got {requested!r}")
     in_torch = TorchModel(model, tuning)
@@ -276,7 +298,7 @@ def choose_target_runtime(
     if requested == "auto" and earlier is not None and earlier.runtime == "torch":
         return TargetChoice(in_torch, earlier.reason, earlier.seconds, earlier=True)
     try:
-        llama = _opened(gguf, context_length=context_length, threads=threads)
+        llama = _opened(gguf, context_length=context_length, threads=threads, features=features)
     except LlamaCppUnavailable as error:
         if requested == "llamacpp":
             raise
@@ -285,9 +307,9 @@ def choose_target_runtime(
         return _without_features(requested, in_torch, llama.features_problem)
     widths = llama.step_seconds() or llama.time_widths(MAX_WIDTH)
     if requested == "llamacpp":
-        return TargetChoice(llama, "asked for", {"llamacpp": widths[0]})
+        return _reading(TargetChoice(llama, "asked for", {"llamacpp": widths[0]}), features)
     if earlier is not None:
-        return TargetChoice(llama, earlier.reason, earlier.seconds, earlier=True)
+        return _reading(TargetChoice(llama, earlier.reason, earlier.seconds, True), features)
     seconds = {"llamacpp": widths[0], "torch": torch_step_seconds(model, tuning)}
     ratio = seconds["llamacpp"] / seconds["torch"]
     if ratio >= 1:
@@ -300,4 +322,5 @@ def choose_target_runtime(
             seconds,
         )
     checked = f", the same text on {len(calibration)} prompts" if calibration else ""
-    return TargetChoice(llama, f"a step costs {ratio:.2f} of torch's, measured{checked}", seconds)
+    reason = f"a step costs {ratio:.2f} of torch's, measured{checked}"
+    return _reading(TargetChoice(llama, reason, seconds), features)
