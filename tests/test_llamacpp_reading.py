@@ -55,7 +55,7 @@ def wide(tiny):
     model, llama = tiny
     llama.reads_wide_from = WIDE_FROM
     yield model, llama
-    llama.reads_wide_from = None
+    llama.reads_wide_from, llama.reading = None, None
 
 
 def test_the_values_layout_moves_both_ways_unchanged(tiny) -> None:
@@ -94,6 +94,26 @@ def test_a_wide_read_leaves_the_target_where_a_plain_read_does(tiny) -> None:
     assert len(rest) >= WIDE_FROM
     scale = float(runs[False].abs().max())
     torch.testing.assert_close(runs[True], runs[False], atol=2e-3 * scale, rtol=0)
+
+
+def test_a_refused_move_reads_plainly_and_stops_reading_wide(wide, monkeypatch) -> None:
+    import specrepl.engine.llamacpp_reading as reading
+
+    _, llama = wide
+    expected, _ = llama.open().score(torch.tensor(PROMPT), 1, VOCAB)  # wide, as asked
+    llama.reading = "reads prompts of 6+ new tokens with flash attention"
+
+    def refuse(*args: object) -> None:
+        raise RuntimeError("llama.cpp took 0 of 10 bytes of keys and values")
+
+    monkeypatch.setattr(reading, "_set_state", refuse)
+    runtime = llama.open()
+    runtime.score(torch.tensor(PROMPT[:2]), 1, VOCAB)
+    logits, _ = runtime.score(torch.tensor(PROMPT), 1, VOCAB)
+    assert runtime.held() == PROMPT  # read plainly instead
+    assert llama.reads_wide_from is None and "a wide read failed" in llama.reading
+    scale = float(expected.abs().max())
+    torch.testing.assert_close(logits, expected, atol=2e-3 * scale, rtol=0)
 
 
 def drafters(model: torch.nn.Module) -> dict:

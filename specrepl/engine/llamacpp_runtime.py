@@ -215,13 +215,20 @@ class LlamaCppModel(RunnableModel):
         """Whether a prompt pass over `count` new tokens is read with flash attention."""
         return self.reads_wide_from is not None and count >= self.reads_wide_from
 
-    def read_wide(self, context: _Context, tokens: list[int], width: int) -> np.ndarray:
+    def read_wide(self, context: _Context, tokens: list[int], width: int) -> np.ndarray | None:
         """`tokens` read after what `context` holds, in the flash-attention
-        context (`llamacpp_reading`); the last one's logits."""
+        context (`llamacpp_reading`); the last one's logits. None where
+        llama.cpp refused a move (`context` holds what it held): from then on
+        no prompt is read wide, and `reading` says why."""
         if self._reader is None:
             flash = _Context(self._llama_cpp, self.llama, flash=True)
             self._reader = WideReader(self._llama_cpp, flash)
-        return self._reader.read(context, tokens, width)
+        try:
+            return self._reader.read(context, tokens, width)
+        except RuntimeError as error:
+            self.reads_wide_from = None
+            self.reading = f"reads every prompt plainly (a wide read failed: {error})"
+            return None
 
     def time_reading(self, *, held: int = 64) -> str:
         """Time a prompt pass of `READ_WIDTH` tokens after `held` read plainly
@@ -351,7 +358,8 @@ class LlamaCppRuntime(ModelRuntime):
             )
         if not names and keep == 1 and self._keeps and self._model.reads_wide(len(fed)):
             logits = self._model.read_wide(self._context, fed, vocab_size)
-            return torch.from_numpy(logits).unsqueeze(0), None
+            if logits is not None:
+                return torch.from_numpy(logits).unsqueeze(0), None
         if not names:
             return self._feed(fed, start, keep, vocab_size, every_output=False), None
         tap = self._context.tap
