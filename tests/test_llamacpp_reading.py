@@ -116,6 +116,19 @@ def test_a_refused_move_reads_plainly_and_stops_reading_wide(wide, monkeypatch) 
     torch.testing.assert_close(logits, expected, atol=2e-3 * scale, rtol=0)
 
 
+def test_a_move_refused_when_reading_is_timed_reads_plainly(tiny, monkeypatch) -> None:
+    import specrepl.engine.llamacpp_reading as reading
+
+    def refuse(*args: object) -> None:
+        raise RuntimeError("llama.cpp took 0 of 10 bytes of keys and values")
+
+    monkeypatch.setattr(reading, "_set_state", refuse)
+    llama = LlamaCppModel(tiny[1].path, context_length=512, threads=1)
+    described = llama.time_reading()
+    assert llama.reads_wide_from is None
+    assert described == llama.reading and "a wide read failed: llama.cpp took 0" in described
+
+
 def drafters(model: torch.nn.Module) -> dict:
     return {
         "model": ModelDrafter(perturbed_copy(model, 0.3)),

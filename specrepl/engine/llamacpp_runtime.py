@@ -235,8 +235,8 @@ class LlamaCppModel(RunnableModel):
         and with flash attention; the faster is used from then on for prompt
         passes at least that long (`reads_wide_from`). Returns, and keeps in
         `reading`, what was measured, in words."""
+        self.reads_wide_from, self.reading = None, None
         if held + READ_WIDTH > self.context:
-            self.reads_wide_from = None
             self.reading = f"reads every prompt plainly (a context of {self.context} is too short)"
             return self.reading
         runtime = self.open()
@@ -248,12 +248,14 @@ class LlamaCppModel(RunnableModel):
             self.reads_wide_from = READ_WIDTH if wide else None
             runtime.score(sequence, 1, self.width)
             runtime.rollback_to(held)
+            if wide and self.reads_wide_from is None:  # refused, read plainly (`read_wide`)
+                raise RuntimeError("a wide read was refused")
 
         try:
             plain, wide = time_reading(lambda: read(False), lambda: read(True))
-        except (RuntimeError, ValueError) as error:  # the state moves were refused
+        except (RuntimeError, ValueError) as error:
             self.reads_wide_from = None
-            self.reading = f"reads every prompt plainly (flash attention could not: {error})"
+            self.reading = self.reading or f"reads every prompt plainly (it could not: {error})"
             return self.reading
         faster = wide < plain
         self.reads_wide_from = READ_WIDTH if faster else None
