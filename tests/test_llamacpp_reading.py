@@ -172,6 +172,21 @@ def test_a_chat_with_kept_caches_reading_wide_stays_exact(wide, kind) -> None:
         history = [*ids, *result.token_ids]
 
 
+def test_sampling_follows_the_exact_law_reading_wide(wide) -> None:
+    """The prompt read wide, then sampled from speculatively: the target's law
+    (enumerated by torch on the same weights: a wide read moves the logits by
+    flash attention's rounding only)."""
+    from specrepl.engine.processors import TopKProcessor
+    from specrepl.testing import assert_speculative_sampling_is_exact
+
+    model, llama = wide
+    drafter = ModelDrafter(perturbed_copy(model, 0.5, seed=1))
+    options = {"eos_tokens_id": None, "vocab_size": VOCAB}
+    assert_speculative_sampling_is_exact(
+        llama, drafter, PROMPT, TopKProcessor(top_k=3), options, law_model=model
+    )
+
+
 def test_a_kept_runtime_holds_every_token_but_the_last(tiny) -> None:
     """However far a verification went (drafts kept up to an end token), the
     kept runtime holds what the target alone's would: all but the last token."""
