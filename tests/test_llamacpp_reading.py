@@ -25,7 +25,7 @@ from specrepl.engine.drafters.model import ModelDrafter
 from specrepl.engine.drafters.ngram import NgramDrafter
 from specrepl.engine.gamma import make_policy
 from specrepl.engine.generation import autoregressive_generate, speculative_generate
-from specrepl.engine.llamacpp_reading import READ_WIDTH, _state, transposed_values
+from specrepl.engine.llamacpp_reading import READ_WIDTH, transposed_values
 from specrepl.engine.llamacpp_runtime import LlamaCppModel
 from specrepl.engine.prompt_cache import PromptCache
 from specrepl.testing import perturbed_copy, tiny_gguf, tiny_llama
@@ -62,9 +62,8 @@ def test_the_values_layout_moves_both_ways_unchanged(tiny) -> None:
     _, llama = tiny
     runtime = llama.open()
     runtime.score(torch.tensor(PROMPT), 1, VOCAB)
-    import llama_cpp
-
-    state = _state(llama_cpp, runtime._context.ctx, 0)
+    buffer, size = runtime.sequence_state(0, len(PROMPT))
+    state = np.frombuffer(buffer, dtype=np.uint8, count=size)
     by_position = transposed_values(state, to_transposed=False)
     assert by_position.size == state.size and not np.array_equal(by_position, state)
     assert np.array_equal(transposed_values(by_position, to_transposed=True), state)

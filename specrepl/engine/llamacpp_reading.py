@@ -88,12 +88,10 @@ def transposed_values(state: np.ndarray, *, to_transposed: bool) -> np.ndarray:
     return out
 
 
-def _state(llama_cpp: Any, ctx: Any, sequence: int) -> np.ndarray:
-    """llama.cpp's state of `sequence` in the context `ctx`, as bytes."""
-    size = llama_cpp.llama_state_seq_get_size(ctx, sequence)
-    buffer = (ctypes.c_uint8 * size)()
-    written = llama_cpp.llama_state_seq_get_data(ctx, buffer, size, sequence)
-    return np.frombuffer(buffer, dtype=np.uint8, count=written)
+def _range_state(context: Any, start: int, count: int) -> np.ndarray:
+    """The state of `context`'s positions start..count-1, as bytes."""
+    buffer, size = context.range_state(start, count)
+    return np.frombuffer(buffer, dtype=np.uint8, count=size)
 
 
 def _set_state(llama_cpp: Any, ctx: Any, state: np.ndarray, sequence: int) -> None:
@@ -106,8 +104,8 @@ def _set_state(llama_cpp: Any, ctx: Any, state: np.ndarray, sequence: int) -> No
 class WideReader:
     """A flash-attention context over a loaded model, reading stretches for
     another context of it (`target`: a `llamacpp_runtime._Context`, whose
-    sequence 0 holds its positions and sequence 1 is scratch). `make_context`
-    opens a context with flash attention."""
+    sequence 0 holds its positions and sequence 1 is scratch; `context` is
+    one with flash attention)."""
 
     def __init__(self, llama_cpp: Any, context: Any) -> None:
         self._llama_cpp = llama_cpp
@@ -123,7 +121,7 @@ class WideReader:
         reader.clear()
         try:
             if start:
-                held = _state(llama_cpp, target.ctx, 0)
+                held = _range_state(target, 0, start)
                 _set_state(llama_cpp, reader.ctx, transposed_values(held, to_transposed=False), 0)
                 reader.held = list(target.held)
             batch = reader.batch_size
@@ -142,11 +140,7 @@ class WideReader:
     def _move_back(self, target: Any, start: int, end: int) -> None:
         """The reader's positions start..end-1 into `target`'s sequence 0."""
         llama_cpp = self._llama_cpp
-        memory = self.context.memory
-        llama_cpp.llama_memory_seq_rm(memory, 1, -1, -1)
-        llama_cpp.llama_memory_seq_cp(memory, 0, 1, start, end)
-        new = transposed_values(_state(llama_cpp, self.context.ctx, 1), to_transposed=True)
-        llama_cpp.llama_memory_seq_rm(memory, 1, -1, -1)
+        new = transposed_values(_range_state(self.context, start, end), to_transposed=True)
         try:
             _set_state(llama_cpp, target.ctx, new, 1)
         except RuntimeError:

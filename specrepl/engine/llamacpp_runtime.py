@@ -102,6 +102,23 @@ class _Context:
         self.held.extend(tokens)
         return outputs
 
+    def range_state(self, start: int, count: int) -> tuple[Any, int]:
+        """llama.cpp's state of positions start..count-1 of sequence 0 (a
+        buffer and its size): the positions are marked into the second
+        sequence, whose state holds only them, which is emptied again."""
+        llama_cpp, memory = self._llama_cpp, self.memory
+        llama_cpp.llama_memory_seq_rm(memory, 1, -1, -1)
+        llama_cpp.llama_memory_seq_cp(memory, 0, 1, start, count)
+        try:
+            size = llama_cpp.llama_state_seq_get_size(self.ctx, 1)
+            buffer = (ctypes.c_uint8 * size)()
+            written = llama_cpp.llama_state_seq_get_data(self.ctx, buffer, size, 1)
+        finally:
+            llama_cpp.llama_memory_seq_rm(memory, 1, -1, -1)
+        if written != size:
+            raise RuntimeError(f"llama.cpp wrote {written} of {size} bytes of the state")
+        return buffer, size
+
     def clear(self) -> None:
         self._llama_cpp.llama_memory_clear(self.memory, True)
         self.held = []
@@ -259,6 +276,8 @@ class LlamaCppModel(RunnableModel):
             return self.reading
         faster = wide < plain
         self.reads_wide_from = READ_WIDTH if faster else None
+        if not faster:  # its context's keys and values are not kept for nothing
+            self._reader = None
         self.reading = (
             f"reads prompts of {READ_WIDTH}+ new tokens with flash attention"
             if faster
@@ -304,18 +323,7 @@ class LlamaCppRuntime(ModelRuntime):
         state holds only them."""
         if not 0 <= start < count <= self.length:
             raise ValueError(f"positions {start}..{count - 1} are not among {self.length} held")
-        llama_cpp, memory = self._llama_cpp, self._context.memory
-        llama_cpp.llama_memory_seq_rm(memory, 1, -1, -1)
-        llama_cpp.llama_memory_seq_cp(memory, 0, 1, start, count)
-        try:
-            size = llama_cpp.llama_state_seq_get_size(self._context.ctx, 1)
-            buffer = (ctypes.c_uint8 * size)()
-            written = llama_cpp.llama_state_seq_get_data(self._context.ctx, buffer, size, 1)
-        finally:
-            llama_cpp.llama_memory_seq_rm(memory, 1, -1, -1)
-        if written != size:
-            raise RuntimeError(f"llama.cpp wrote {written} of {size} bytes of the state")
-        return buffer, size
+        return self._context.range_state(start, count)
 
     def key_values(self) -> LlamaCppRuntime:
         """This runtime: a llama.cpp copy takes its keys and values through
