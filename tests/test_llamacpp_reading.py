@@ -230,3 +230,51 @@ def test_a_target_whose_drafter_reads_features_never_reads_wide(tiny, monkeypatc
         "llamacpp", model, Tuning(), llama.path, context_length=256
     )
     assert plain.runnable is not choice.runnable  # a model of its own: its runtimes read alike
+
+
+def test_an_earlier_verdict_says_how_prompts_are_read_without_timing(
+    tiny, tmp_path, monkeypatch
+) -> None:
+    """Timing the reading costs seconds at a start: it is kept in the stored
+    verdict and taken from it at the next start; a verdict kept before it was
+    timed has it timed once and marked to be kept."""
+    import specrepl.engine.target_choice as target_choice
+    from specrepl.engine.tuning import Tuning
+
+    model, _ = tiny
+    seconds = {"torch": 0.05, "llamacpp": 0.02}
+    said = "reads prompts of 256+ new tokens with flash attention (measured)"
+    earlier = target_choice.Verdict("llamacpp", "a step costs 0.40", seconds, READ_WIDTH, said)
+
+    def not_again(self: LlamaCppModel) -> str:
+        raise AssertionError("timed again")
+
+    monkeypatch.setattr(LlamaCppModel, "time_reading", not_again)
+    path = tiny_gguf(model, tmp_path / "fresh.gguf")  # a model not opened in this process yet
+    choose = target_choice.choose_target_runtime
+    taken = choose("auto", model, Tuning(), path, context_length=512, earlier=earlier)
+    assert taken.runnable.reads_wide_from == READ_WIDTH and taken.runnable.reading == said
+    assert not taken.timed_reading and taken.verdict() == earlier
+
+    def timed(self: LlamaCppModel) -> str:
+        self.reads_wide_from, self.reading = None, "reads prompts plainly (measured)"
+        return self.reading
+
+    monkeypatch.setattr(LlamaCppModel, "time_reading", timed)
+    before = target_choice.Verdict("llamacpp", "a step costs 0.40", seconds)
+    other = tiny_gguf(model, tmp_path / "other.gguf")
+    again = choose("auto", model, Tuning(), other, context_length=512, earlier=before)
+    assert again.timed_reading and again.verdict().reading == "reads prompts plainly (measured)"
+
+
+def test_a_stored_verdict_keeps_the_reading_only_when_well_formed() -> None:
+    from specrepl.chat.target import _stored_verdict
+
+    entry = {"runtime": "llamacpp", "reason": "r", "seconds": {"llamacpp": 0.02}}
+    now = 1000.0
+    entry["measured_at"] = now
+    assert _stored_verdict(entry, now).reading is None  # kept before reading was timed
+    kept = _stored_verdict({**entry, "reads_wide_from": 256, "reading": "wide"}, now)
+    assert (kept.reads_wide_from, kept.reading) == (256, "wide")
+    damaged = _stored_verdict({**entry, "reads_wide_from": "x", "reading": "wide"}, now)
+    assert (damaged.reads_wide_from, damaged.reading) == (None, None)

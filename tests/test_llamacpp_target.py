@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -434,7 +435,8 @@ def test_auto_takes_an_earlier_verdict_without_measuring_again(
     assert taken.runtime == "llamacpp" and taken.earlier and not taken.measured
     described = taken.describe()
     assert "a step costs 0.40 of torch's (measured at an earlier start); reads" in described
-    assert taken.verdict() == earlier
+    # the verdict to keep: the earlier one, with how prompts are read now timed beside it
+    assert replace(taken.verdict(), reads_wide_from=None, reading=None) == earlier
     kept = target_choice.Verdict("torch", "llama.cpp's step measured 1.30x torch's", seconds)
     torch_again = choose("auto", model, Tuning(), llama.path, context_length=256, earlier=kept)
     assert torch_again.runtime == "torch" and torch_again.earlier

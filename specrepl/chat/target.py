@@ -142,13 +142,18 @@ class ChatTarget:
             earlier=_stored_verdict(saved.get(key), time.time()) if key is not None else None,
             features=features,
         )
-        if key is not None and choice.measured:
-            verdict = choice.verdict()
+        if key is not None and (choice.measured or choice.timed_reading):
+            verdict, kept = choice.verdict(), saved.get(key) or {}
+            measured_at = time.time() if choice.measured else kept["measured_at"]
+            reading = {name: kept.get(name) for name in ("reads_wide_from", "reading")}
+            if not features:  # a target whose drafter reads its features was not timed
+                reading = {"reads_wide_from": verdict.reads_wide_from, "reading": verdict.reading}
             saved[key] = {
                 "runtime": verdict.runtime,
                 "reason": verdict.reason,
                 "seconds": verdict.seconds,
-                "measured_at": time.time(),
+                "measured_at": measured_at,  # the runtime's choice ages from its own timing
+                **reading,
             }
             write_json_object(store, saved)  # a read-only cache only costs measuring again
         return choice
@@ -188,4 +193,7 @@ def _stored_verdict(entry: Any, now: float) -> Verdict | None:
         return None
     if now - measured > MAX_VERDICT_AGE_DAYS * 86400:
         return None
-    return Verdict(runtime, reason, seconds)
+    wide, reading = entry.get("reads_wide_from"), entry.get("reading")
+    if not (isinstance(reading, str) and (wide is None or isinstance(wide, int))):
+        wide, reading = None, None  # kept before reading was timed, or damaged: timed again
+    return Verdict(runtime, reason, seconds, wide, reading)

@@ -17,8 +17,9 @@ the calibration prompts); on a CPU it weighs llama.cpp. A verdict measured at
 an earlier start (`Verdict`, kept by the caller) is taken instead of measuring
 again, so only the first start on a machine pays for the timing and the text
 check. A llama.cpp target chosen also has its way of reading long prompts
-timed (`LlamaCppModel.time_reading`, at every start: it is cheap), except
-where the drafter reads its features: such a target reads plainly, and is a
+timed (`LlamaCppModel.time_reading`) and kept in the verdict, so that a
+later start takes it without timing again, except where the drafter reads
+its features: such a target reads plainly, and is a
 model object of its own so that no run of it reads otherwise.
 
 Which GGUF file holds the target's exact weights (a float32 copy of a
@@ -31,7 +32,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -71,6 +72,10 @@ class Verdict:
     """ "torch", "llamacpp" or "static"."""
     reason: str
     seconds: dict[str, float] = field(default_factory=dict)
+    reads_wide_from: int | None = None
+    reading: str | None = None
+    """How a llama.cpp target reads long prompts (`LlamaCppModel.time_reading`),
+    where it was timed (None: not yet)."""
 
 
 @dataclass(frozen=True)
@@ -83,6 +88,8 @@ class TargetChoice:
     """Measured seconds of one decoding step, by runtime ("torch", "llamacpp", "static")."""
     earlier: bool = False
     """Taken from a `Verdict` of an earlier start, not measured now."""
+    timed_reading: bool = False
+    """How a llama.cpp target reads long prompts was timed now (to be kept)."""
 
     @property
     def runtime(self) -> str:
@@ -96,8 +103,22 @@ class TargetChoice:
         measured now)."""
         return "torch" in self.seconds and len(self.seconds) > 1 and not self.earlier
 
+    @classmethod
+    def from_verdict(cls, runnable: RunnableModel, verdict: Verdict) -> TargetChoice:
+        """`runnable` as an earlier start's `verdict` chose it, for its reasons."""
+        return cls(runnable, verdict.reason, verdict.seconds, earlier=True)
+
     def verdict(self) -> Verdict:
-        return Verdict(self.runtime, self.reason, dict(self.seconds))
+        runnable = self.runnable
+        if not isinstance(runnable, LlamaCppModel):
+            return Verdict(self.runtime, self.reason, dict(self.seconds))
+        return Verdict(
+            self.runtime,
+            self.reason,
+            dict(self.seconds),
+            runnable.reads_wide_from,
+            runnable.reading,
+        )
 
     def describe(self) -> str:
         name = {"llamacpp": "llama.cpp", "torch": "torch"}.get(self.runtime)
@@ -132,16 +153,20 @@ def _opened(
     return model
 
 
-def _reading(choice: TargetChoice, features: bool) -> TargetChoice:
+def _reading(choice: TargetChoice, features: bool, earlier: Verdict | None = None) -> TargetChoice:
     """`choice` (of a llama.cpp target) once how it reads prompts is decided:
-    measured once, never with flash attention where the drafter reads the
+    as an `earlier` verdict says where it says, else timed now (once per
+    process), never with flash attention where the drafter reads the
     target's features."""
     llama = choice.runnable
     assert isinstance(llama, LlamaCppModel)
     if features:
         llama.reading = "reads prompts plainly (the drafter reads its features)"
+    elif llama.reading is None and earlier is not None and earlier.reading is not None:
+        llama.reads_wide_from, llama.reading = earlier.reads_wide_from, earlier.reading
     elif llama.reading is None:
         llama.time_reading()
+        return replace(choice, timed_reading=True)
     return choice
 
 
@@ -224,14 +249,14 @@ def static_or_eager(
     warmed up again (a compiled runtime compiles at every start) but not timed
     or checked; an eager one builds nothing."""
     if earlier is not None and earlier.runtime == "torch":
-        return TargetChoice(in_torch, earlier.reason, earlier.seconds, earlier=True)
+        return TargetChoice.from_verdict(in_torch, earlier)
     try:
         static = StaticTorchModel(in_torch.model, max_length=context_length, compile=compile)
     except StaticRuntimeRefused as error:
         return TargetChoice(in_torch, f"the static runtime cannot run it: {error}")
     static.warm_up()
     if earlier is not None:
-        return TargetChoice(static, earlier.reason, earlier.seconds, earlier=True)
+        return TargetChoice.from_verdict(static, earlier)
     step = static.one_token_seconds()
     assert step is not None  # warmed up: every bucket timed
     seconds = {"static": step, "torch": torch_step_seconds(in_torch.model, in_torch.tuning)}
@@ -296,7 +321,7 @@ def choose_target_runtime(
     if requested == "auto" and device.type != "cpu":
         return TargetChoice(in_torch, f"the target runs on {device.type}; llama.cpp on the CPU")
     if requested == "auto" and earlier is not None and earlier.runtime == "torch":
-        return TargetChoice(in_torch, earlier.reason, earlier.seconds, earlier=True)
+        return TargetChoice.from_verdict(in_torch, earlier)
     try:
         llama = _opened(gguf, context_length=context_length, threads=threads, features=features)
     except LlamaCppUnavailable as error:
@@ -309,7 +334,7 @@ def choose_target_runtime(
     if requested == "llamacpp":
         return _reading(TargetChoice(llama, "asked for", {"llamacpp": widths[0]}), features)
     if earlier is not None:
-        return _reading(TargetChoice(llama, earlier.reason, earlier.seconds, True), features)
+        return _reading(TargetChoice.from_verdict(llama, earlier), features, earlier)
     seconds = {"llamacpp": widths[0], "torch": torch_step_seconds(model, tuning)}
     ratio = seconds["llamacpp"] / seconds["torch"]
     if ratio >= 1:
