@@ -95,6 +95,35 @@ def test_a_wide_read_leaves_the_target_where_a_plain_read_does(tiny) -> None:
     torch.testing.assert_close(runs[True], runs[False], atol=2e-3 * scale, rtol=0)
 
 
+def test_an_earlier_wide_verdict_makes_the_flash_context_at_once(tiny, monkeypatch) -> None:
+    """A reading taken from a stored verdict makes its flash-attention context
+    then (start-up), not in the first long prompt's answer, where making a
+    context costs up to a second; a plain verdict makes none."""
+    import specrepl.engine.llamacpp_runtime as llamacpp_runtime
+
+    _, llama = tiny
+    made: list[bool] = []
+    original = llamacpp_runtime._Context.__init__
+
+    def counted(self, *args, **kwargs) -> None:
+        made.append(bool(kwargs.get("flash")))
+        original(self, *args, **kwargs)
+
+    monkeypatch.setattr(llamacpp_runtime._Context, "__init__", counted)
+    plain = LlamaCppModel(llama.path, context_length=256, threads=1)
+    plain.take_reading(None, "reads prompts plainly (measured)")
+    assert made == []
+    fresh = LlamaCppModel(llama.path, context_length=256, threads=1)
+    fresh.take_reading(WIDE_FROM, "reads prompts of 6+ new tokens with flash attention")
+    runtime = fresh.open()
+    assert made == [True, False]  # the reader's, at once; then the runtime's own
+    reads: list[int] = []
+    read_wide = fresh.read_wide
+    monkeypatch.setattr(fresh, "read_wide", lambda c, t, w: reads.append(len(t)) or read_wide(c, t, w))
+    runtime.score(torch.tensor(PROMPT), 1, VOCAB)
+    assert reads == [len(PROMPT)] and made == [True, False] and runtime.held() == PROMPT
+
+
 def test_a_refused_move_reads_plainly_and_stops_reading_wide(wide, monkeypatch) -> None:
     import specrepl.engine.llamacpp_reading as reading
 

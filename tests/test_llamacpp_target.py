@@ -80,6 +80,32 @@ def test_a_pass_reads_only_what_the_runtime_does_not_hold_and_rolls_back(tiny) -
         runtime.score(torch.tensor(PROMPT), 1, VOCAB)
 
 
+def test_a_context_reused_after_a_longer_sequence_scores_as_a_fresh_one(tiny) -> None:
+    """A context goes back to the pool, and is cleared for its next runtime,
+    without its buffers being zeroed: the cells a longer sequence left are
+    masked out, so the next sequence's logits are a fresh context's, bit for
+    bit, for a runtime that keeps its cache and one that clears before every
+    pass."""
+    _, llama = tiny
+    fresh_model = LlamaCppModel(llama.path, context_length=256, threads=1)
+
+    def left_by_a_longer_sequence(*, use_cache: bool) -> LlamaCppRuntime:
+        longer = llama.open()
+        longer.score(torch.tensor([(7 * i) % VOCAB for i in range(60)]), 1, VOCAB)
+        del longer  # its context, holding 60 positions, goes back to the pool
+        return llama.open(use_cache=use_cache)
+
+    for use_cache in (True, False):
+        reused = left_by_a_longer_sequence(use_cache=use_cache)
+        fresh = fresh_model.open(use_cache=use_cache)
+        sequence, keep = torch.tensor(PROMPT), 3
+        for token in (266, 271, 290):
+            got, expected = (run.score(sequence, keep, VOCAB)[0] for run in (reused, fresh))
+            assert torch.equal(got, expected)
+            sequence = torch.cat((sequence, torch.tensor([token])))
+            keep = 1 if use_cache else 3
+
+
 def test_greedy_text_is_the_same_in_torch_and_llamacpp(tiny) -> None:
     model, llama = tiny
     options = {"eos_tokens_id": 3, "vocab_size": VOCAB}

@@ -120,7 +120,11 @@ class _Context:
         return buffer, size
 
     def clear(self) -> None:
-        self._llama_cpp.llama_memory_clear(self.memory, True)
+        """Forget every position. The buffers are not zeroed (that writes the
+        whole cache, tens of milliseconds at a long context): a cell no
+        sequence holds is masked out of every pass, and what it keeps was
+        computed by a pass or moved from one, so it is finite."""
+        self._llama_cpp.llama_memory_clear(self.memory, False)
         self.held = []
 
     def remove_from(self, length: int) -> None:
@@ -232,16 +236,29 @@ class LlamaCppModel(RunnableModel):
         """Whether a prompt pass over `count` new tokens is read with flash attention."""
         return self.reads_wide_from is not None and count >= self.reads_wide_from
 
+    def take_reading(self, reads_wide_from: int | None, reading: str) -> None:
+        """Read prompts as an earlier start measured (`time_reading`'s
+        `reads_wide_from` and words). The flash-attention context is made now,
+        at start-up: making a context takes up to a second, which would
+        otherwise land in the first long prompt's answer."""
+        self.reads_wide_from, self.reading = reads_wide_from, reading
+        if reads_wide_from is not None:
+            self._wide_reader()
+
+    def _wide_reader(self) -> WideReader:
+        if self._reader is None:
+            flash = _Context(self._llama_cpp, self.llama, flash=True)
+            self._reader = WideReader(self._llama_cpp, flash)
+        return self._reader
+
     def read_wide(self, context: _Context, tokens: list[int], width: int) -> np.ndarray | None:
         """`tokens` read after what `context` holds, in the flash-attention
         context (`llamacpp_reading`); the last one's logits. None where
         llama.cpp refused a move (`context` holds what it held): from then on
         no prompt is read wide, and `reading` says why."""
-        if self._reader is None:
-            flash = _Context(self._llama_cpp, self.llama, flash=True)
-            self._reader = WideReader(self._llama_cpp, flash)
+        reader = self._wide_reader()
         try:
-            return self._reader.read(context, tokens, width)
+            return reader.read(context, tokens, width)
         except RuntimeError as error:
             self.reads_wide_from = None
             self.reading = f"reads every prompt plainly (a wide read failed: {error})"

@@ -163,7 +163,7 @@ def _reading(choice: TargetChoice, features: bool, earlier: Verdict | None = Non
     if features:
         llama.reading = "reads prompts plainly (the drafter reads its features)"
     elif llama.reading is None and earlier is not None and earlier.reading is not None:
-        llama.reads_wide_from, llama.reading = earlier.reads_wide_from, earlier.reading
+        llama.take_reading(earlier.reads_wide_from, earlier.reading)
     elif llama.reading is None:
         llama.time_reading()
         return replace(choice, timed_reading=True)
