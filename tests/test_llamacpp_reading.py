@@ -119,7 +119,9 @@ def test_an_earlier_wide_verdict_makes_the_flash_context_at_once(tiny, monkeypat
     assert made == [True, False]  # the reader's, at once; then the runtime's own
     reads: list[int] = []
     read_wide = fresh.read_wide
-    monkeypatch.setattr(fresh, "read_wide", lambda c, t, w: reads.append(len(t)) or read_wide(c, t, w))
+    monkeypatch.setattr(
+        fresh, "read_wide", lambda c, t, w: reads.append(len(t)) or read_wide(c, t, w)
+    )
     runtime.score(torch.tensor(PROMPT), 1, VOCAB)
     assert reads == [len(PROMPT)] and made == [True, False] and runtime.held() == PROMPT
 
