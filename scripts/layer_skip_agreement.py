@@ -25,12 +25,10 @@ import json
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from specrepl.engine.widths import cpu_identity
-from specrepl.models.embedded import embedded_gguf_path
-from specrepl.models.gguf import converted_copy
+from specrepl.models.loading import load_pair
 from specrepl.models.prompting import chat_prompt_ids
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -133,10 +131,8 @@ def main() -> None:
     args = parser.parse_args()
     print(f"CPU: {cpu_identity()}", flush=True)
     torch.set_grad_enabled(False)
-    folder = converted_copy(embedded_gguf_path())
-    folder = getattr(folder, "directory", folder)
-    tokenizer = AutoTokenizer.from_pretrained(folder)
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    pair = load_pair("embedded", device="cpu")
+    tokenizer, model = pair.tokenizer, pair.target.model.eval()
     layers = Layers(model)
     choose = answered(
         model,
