@@ -2,14 +2,15 @@
 target's speed at long contexts and whether a wide pass gives the logits of
 one-token passes (what an exact verification needs).
 
-For each setting (cache type float32 or float16, flash attention off or on) it
+For each setting (cache type float32 or float16, flash attention off or on;
+with `--mixed` also keys and values of different types, and bfloat16) it
 opens the embedded model's float32 GGUF (or `--gguf`) in specrepl's llama.cpp
 runtime and reports: the seconds to read `--context` tokens of real text, the
 median seconds of a 1-token and a 12-token pass after them, and the largest
 |logit difference| between one pass over 17 tokens and 17 one-token passes
 over the same tokens (after 300 tokens of the text).
 
-    HF_HUB_OFFLINE=1 python scripts/llamacpp_cache_types.py [--context 2800]
+    HF_HUB_OFFLINE=1 python scripts/llamacpp_cache_types.py [--context 2800] [--mixed]
 
 This is a measurement for the docs; specrepl does not import it.
 """
@@ -43,12 +44,12 @@ def cpu_name() -> str:
     )
 
 
-def open_model(path: Path, cache_type: int, flash: bool, context: int):
+def open_model(path: Path, key_type: int, value_type: int, flash: bool, context: int):
     real_open = llamacpp_runtime.open_gguf
 
     def with_setting(*args, **options):
-        options["type_k"] = cache_type
-        options["type_v"] = cache_type
+        options["type_k"] = key_type
+        options["type_v"] = value_type
         options["flash_attn"] = flash
         return real_open(*args, **options)
 
@@ -123,19 +124,31 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument(
+        "--mixed", action="store_true", help="also keys and values of different types, bfloat16"
+    )
     arguments = parser.parse_args()
     llama_cpp = import_llamacpp()
     path = target_file(arguments.gguf)
+    f32, f16 = llama_cpp.GGML_TYPE_F32, llama_cpp.GGML_TYPE_F16
+    bf16 = getattr(llama_cpp, "GGML_TYPE_BF16", 30)  # ggml's id; the binding names no constant
     settings = [
-        ("f32 cache", llama_cpp.GGML_TYPE_F32, False),
-        ("f32 cache, flash", llama_cpp.GGML_TYPE_F32, True),
-        ("f16 cache", llama_cpp.GGML_TYPE_F16, False),
-        ("f16 cache, flash", llama_cpp.GGML_TYPE_F16, True),
+        ("f32 cache", f32, f32, False),
+        ("f32 cache, flash", f32, f32, True),
+        ("f16 cache", f16, f16, False),
+        ("f16 cache, flash", f16, f16, True),
     ]
-    results: dict[str, list[dict[str, float]]] = {name: [] for name, _, _ in settings}
+    if arguments.mixed:  # keys and values of different types, and bfloat16
+        settings += [
+            ("f16 keys, f32 values", f16, f32, False),
+            ("f32 keys, f16 values", f32, f16, False),
+            ("bf16 cache", bf16, bf16, False),
+            ("bf16 keys, f32 values", bf16, f32, False),
+        ]
+    results: dict[str, list[dict[str, float]]] = {name: [] for name, *_ in settings}
     for _ in range(arguments.rounds):
-        for name, cache_type, flash in settings:
-            model = open_model(path, cache_type, flash, arguments.context + 64)
+        for name, key_type, value_type, flash in settings:
+            model = open_model(path, key_type, value_type, flash, arguments.context + 64)
             ids = text_tokens(model, arguments.context)
             figures = measure(model, ids, arguments.context, arguments.repeats)
             results[name].append(figures)
@@ -144,7 +157,7 @@ def main() -> None:
     print(f"CPU: {cpu_name()}; context {arguments.context}")
     for name, runs in results.items():
         print(
-            f"{name:18s} read {min(r['read_seconds'] for r in runs):6.2f} s  "
+            f"{name:22s} read {min(r['read_seconds'] for r in runs):6.2f} s  "
             f"1 token {min(r['one_token_ms'] for r in runs):6.1f} ms  "
             f"12 tokens {min(r['twelve_tokens_ms'] for r in runs):6.1f} ms  "
             f"wide-narrow {max(r['wide_vs_narrow_max_logit_diff'] for r in runs):.2e}"
