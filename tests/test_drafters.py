@@ -167,6 +167,50 @@ def test_lookup_copies_what_followed_the_last_match() -> None:
     assert drafter.propose(torch.tensor([9, 8, 7]), 3, None, None).tokens.tolist() == []
 
 
+def test_lookup_copies_nothing_past_an_end_token() -> None:
+    drafter = LookupDrafter(max_ngram=2)
+    drafter.stop_at(frozenset({7}))
+    sequence = torch.tensor([4, 5, 6, 7, 8, 1, 4, 5])
+    assert drafter.propose(sequence, 3, None, None).tokens.tolist() == [6, 7]
+    assert drafter.offers(sequence, 3)[0].tokens == (6, 7)
+
+
+def test_ngram_drafts_nothing_past_an_end_token() -> None:
+    drafter = NgramDrafter(3)
+    drafter.stop_at(frozenset({8}))
+    drafter.begin(torch.tensor([4, 5, 6, 7, 8, 9, 4, 5]), 32)
+    assert drafter.propose(
+        torch.tensor([4, 5, 6, 7, 8, 9, 4, 5]), 6, None, None
+    ).tokens.tolist() == [
+        6,
+        7,
+        8,
+    ]
+
+
+@pytest.mark.parametrize("kind", ["exact-model", "model-copy", "hybrid", "ngram", "lookup"])
+def test_no_draft_goes_past_the_answers_end(target, references, kind) -> None:
+    """Drafts stop at an end token (nothing after it is kept) and the text is the target's."""
+    prompt = PROMPTS[2] if kind == "lookup" else PROMPTS[1]
+    reference = references[tuple(prompt)]
+    end = reference[6]
+    expected = reference[: reference.index(end) + 1]
+    if kind == "exact-model":  # drafts the target's own tokens: the end among them
+        drafter = ModelDrafter(copy_module.deepcopy(target))
+    else:
+        drafter = make_drafter(kind, target, use_cache=True)
+    steps: list[StepEvent] = []
+    result = speculative_generate(
+        prompt, drafter, target, gamma=8, max_gen_len=40, eos_tokens_id=end, on_step=steps.append
+    )
+    assert result.token_ids == expected and result.stop_reason == "eos"
+    for step in steps:
+        if end in step.drafts:
+            assert step.drafts.index(end) == len(step.drafts) - 1, (kind, step.drafts)
+    if kind == "exact-model":
+        assert any(end in step.drafts for step in steps)  # the case was met
+
+
 def test_confidence_stops_the_model_drafter_early(target) -> None:
     drafter = ModelDrafter(tiny_llama(32, seed=5, sharpness=1.0))
     result = speculative_generate(

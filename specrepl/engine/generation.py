@@ -116,13 +116,15 @@ def _run_loop(
     clock = Clock(runnable.devices)
     clock.resume()
     sequence = torch.tensor(inputs, dtype=torch.long, device=runnable.device)
+    end_tokens = _end_tokens(eos_tokens_id)
     try:
         if drafter is not None:
+            drafter.stop_at(end_tokens)
             drafter.begin(sequence, vocab_size)
         runtime, reused = _target_runtime(runnable, inputs, drafter, use_cache, prompt_cache)
         steps = decode_steps(
             sequence, runtime, drafter, policy, clock,
-            logits_processor=logits_processor, limit=limit, end_tokens=_end_tokens(eos_tokens_id),
+            logits_processor=logits_processor, limit=limit, end_tokens=end_tokens,
             generator=generator, vocab_size=vocab_size,
         )  # fmt: skip
         stop, sequence = yield from steps

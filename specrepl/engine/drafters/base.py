@@ -61,6 +61,13 @@ class Drafter(ABC):
     whose outputs come in `target_features` before the final hidden state
     (EAGLE-3's fused features; default none).
 
+    `end_tokens` are the tokens after which nothing a draft proposes can be
+    kept (the generation's end tokens: the answer stops at one). The loop
+    gives them with `stop_at` before `begin`; a drafter that reads its drafts
+    as host integers anyway stops drafting after proposing one, so that no
+    draft is paid for, or verified, past the end of the answer. The output
+    does not depend on it (a shorter draft is verified as any other).
+
     Three hooks have defaults that do nothing special: `forget()`, called
     when a generation is interrupted or fails (a drafter that keeps state from
     one generation to the next, a chat, drops what may hold half a step);
@@ -79,6 +86,11 @@ class Drafter(ABC):
     uses_target_features: bool = False
     feature_layers: tuple[int, ...] = ()
     uses_target_cache: bool = False
+    end_tokens: frozenset[int] = frozenset()
+
+    def stop_at(self, end_tokens: frozenset[int]) -> None:
+        """Draft nothing past the first of `end_tokens` (see the class)."""
+        self.end_tokens = frozenset(end_tokens)
 
     @abstractmethod
     def begin(self, prompt: torch.Tensor, vocab_size: int) -> None:

@@ -51,6 +51,11 @@ class HybridDrafter(Drafter):
         # lookup's candidate, for one sequence
         self._candidate: tuple[torch.Tensor, LookupMatch] | None = None
 
+    def stop_at(self, end_tokens: frozenset[int]) -> None:
+        super().stop_at(end_tokens)
+        self.model.stop_at(end_tokens)
+        self.lookup.stop_at(end_tokens)
+
     def begin(self, prompt: torch.Tensor, vocab_size: int) -> None:
         self.model.begin(prompt, vocab_size)
         self.lookup.begin(prompt, vocab_size)

@@ -94,8 +94,18 @@ class LookupDrafter(Drafter):
             hits = (windows == suffix).all(dim=1).nonzero().flatten()
             if hits.numel():
                 start = int(hits[-1]) + n
-                return LookupMatch(sequence[start : start + k], _match_length(sequence, start))
+                continuation = self._through_end(sequence[start : start + k])
+                return LookupMatch(continuation, _match_length(sequence, start))
         return LookupMatch(sequence.new_empty(0), 0)
+
+    def _through_end(self, continuation: torch.Tensor) -> torch.Tensor:
+        """`continuation` up to and with its first end token (an earlier
+        turn's end copied with what followed it: nothing after it is kept)."""
+        if not self.end_tokens or not continuation.numel():
+            return continuation
+        ends = torch.tensor(sorted(self.end_tokens), device=continuation.device)
+        found = torch.isin(continuation, ends).nonzero()
+        return continuation[: int(found[0]) + 1] if found.numel() else continuation
 
     def propose(
         self,

@@ -359,6 +359,8 @@ class ModelDrafter(Drafter):
             tokens.append(token)
             if index + 1 < k:
                 value = int(token)  # read to feed it back: one read a draft
+                if value in self.end_tokens:
+                    break  # nothing after the answer's end is kept
                 self.runtime.feed([value])
                 self.view.extend(len(ids) + index, [value])
         return replace(

@@ -106,6 +106,8 @@ class NgramDrafter(Drafter):
             if token is None:
                 break
             drafts.append(token)
+            if token in self.end_tokens:
+                break  # nothing after the answer's end is kept
             context = (
                 [*context[1:], token] if len(context) >= self.max_order - 1 else [*context, token]
             )
