@@ -56,6 +56,8 @@ from specrepl.train.shards import decode_shard
 DATA = Path(__file__).resolve().parents[1] / "distill-data" / "smollm2-135m-instruct"
 VOCABULARY = ("tokenizer.ggml.tokens", "tokenizer.ggml.token_type", "tokenizer.ggml.scores")
 HELD_BACK_EVERY = 33
+FLOAT32 = 0
+"""ggml's type id of float32: the copy keeps float32 keys and values to take the target's."""
 SPECIAL = 17
 """SmolLM2's special tokens are ids 0-16: always kept, so their ids stay theirs."""
 
@@ -157,23 +159,25 @@ def agreements(full, answers, sizes_keep: dict[int, np.ndarray]) -> dict[str, fl
     return {name: float(np.mean(values)) for name, values in hits.items()}
 
 
-def step_costs(llama_cpp, full, narrow: dict[int, EmbeddingFeed], ids, length, rounds):
-    """Median ms of one decoding step after `length` held positions, by copy."""
-    full.reset()
-    full.eval(ids[:length])
-    for feed in narrow.values():
+def step_costs(llama_cpp, shipped, fed: dict[int, EmbeddingFeed], ids, length, rounds):
+    """Median ms of one decoding step after `length` held positions: the
+    `shipped` copy fed ids ("all"), and each copy `fed` embeddings, by its
+    vocabulary size."""
+    shipped.reset()
+    shipped.eval(ids[:length])
+    for feed in fed.values():
         feed.read(ids[:length])
-    memory, width = llama_cpp.llama_get_memory(full.ctx), int(full.n_vocab())
-    seconds: dict[str, list[float]] = {"all": [], **{str(size): [] for size in narrow}}
+    memory, width = llama_cpp.llama_get_memory(shipped.ctx), int(shipped.n_vocab())
+    seconds: dict[str, list[float]] = {"all": [], **{str(size): [] for size in fed}}
     for _ in range(rounds):
         began = time.perf_counter()
-        full.eval([ids[length]])
-        row = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(full.ctx, -1), shape=(width,))
-        int(np.argmax(row.copy()))
+        shipped.eval([ids[length]])
+        pointer = llama_cpp.llama_get_logits_ith(shipped.ctx, -1)
+        int(np.argmax(np.ctypeslib.as_array(pointer, shape=(width,)).copy()))
         seconds["all"].append(time.perf_counter() - began)
-        full.n_tokens = length
+        shipped.n_tokens = length
         llama_cpp.llama_memory_seq_rm(memory, 0, length, -1)
-        for size, feed in narrow.items():
+        for size, feed in fed.items():
             began = time.perf_counter()
             int(np.argmax(feed.decode([ids[length]], length)))
             seconds[str(size)].append(time.perf_counter() - began)
@@ -207,9 +211,8 @@ def main() -> int:
     result["coverage"] = {str(s): float(np.isin(held, k).mean()) for s, k in keeps.items()}
     print(f"coverage of {held.size} held-back answer tokens:", result["coverage"])
     answers = target_answers(args.prompts, args.tokens)
-    # float32 keys and values, as the copy keeps them to take the target's
-    options = {"n_threads": args.threads, "n_batch": 512, "verbose": False, "type_k": 0}
-    options["type_v"] = 0
+    options = {"n_threads": args.threads, "n_batch": 512, "verbose": False}
+    options.update(type_k=FLOAT32, type_v=FLOAT32)
     full = llama_cpp.Llama(str(shipped), n_ctx=context, logits_all=True, **options)
     result["agreement"] = agreements(full, answers, keeps)
     print(f"agreement on {sum(len(a) for _, a in answers)} target tokens:", result["agreement"])

@@ -178,14 +178,9 @@ def test_lookup_copies_nothing_past_an_end_token() -> None:
 def test_ngram_drafts_nothing_past_an_end_token() -> None:
     drafter = NgramDrafter(3)
     drafter.stop_at(frozenset({8}))
-    drafter.begin(torch.tensor([4, 5, 6, 7, 8, 9, 4, 5]), 32)
-    assert drafter.propose(
-        torch.tensor([4, 5, 6, 7, 8, 9, 4, 5]), 6, None, None
-    ).tokens.tolist() == [
-        6,
-        7,
-        8,
-    ]
+    sequence = torch.tensor([4, 5, 6, 7, 8, 9, 4, 5])
+    drafter.begin(sequence, 32)
+    assert drafter.propose(sequence, 6, None, None).tokens.tolist() == [6, 7, 8]
 
 
 @pytest.mark.parametrize("kind", ["exact-model", "model-copy", "hybrid", "ngram", "lookup"])

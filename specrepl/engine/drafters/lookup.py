@@ -101,11 +101,11 @@ class LookupDrafter(Drafter):
     def _through_end(self, continuation: torch.Tensor) -> torch.Tensor:
         """`continuation` up to and with its first end token (an earlier
         turn's end copied with what followed it: nothing after it is kept)."""
-        if not self.end_tokens or not continuation.numel():
-            return continuation
-        ends = torch.tensor(sorted(self.end_tokens), device=continuation.device)
-        found = torch.isin(continuation, ends).nonzero()
-        return continuation[: int(found[0]) + 1] if found.numel() else continuation
+        if self.end_tokens:
+            for index, token in enumerate(continuation.tolist()):
+                if token in self.end_tokens:
+                    return continuation[: index + 1]
+        return continuation
 
     def propose(
         self,
