@@ -41,7 +41,9 @@ class StepEvent:
     had not seen (its catch-up before the first draft), and `import_seconds`
     the part it spent taking the target's keys and values for
     `imported_tokens` positions instead of reading them; `choice` says why
-    the gamma policy chose this source and gamma, with the costs it used.
+    the gamma policy chose this source and gamma, with the costs it used;
+    `positions` is how many positions the sequence held when the step began
+    (the context its passes attend over; 0 where not known).
     """
 
     drafts: tuple[int, ...]
@@ -57,6 +59,7 @@ class StepEvent:
     choice: str = ""
     import_seconds: float = 0.0
     imported_tokens: int = 0
+    positions: int = 0
 
     @property
     def rejected(self) -> int | None:

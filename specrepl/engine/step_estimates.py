@@ -7,7 +7,8 @@ draft; `StepEstimates` keeps one per source, one more per profile a source
 gives its offers (prompt lookup: the length of the match it copies from),
 and the target's seconds for a step with k drafts, and rates a step by
 expected tokens per second. Every figure is exponentially weighted, so it
-follows the text.
+follows the text; every cost is moved from the context it was measured at
+to the context of the step being decided (`context_costs.ContextSlope`).
 
 The policies in `gamma.py` read these; this module chooses nothing. It knows
 nothing about models: it reads `Offer`s and `StepEvent`s only.
@@ -19,9 +20,14 @@ import statistics
 from collections.abc import Mapping
 from dataclasses import replace
 
+from specrepl.engine.context_costs import ContextSlope
 from specrepl.engine.results import Offer, StepEvent
 
 __all__ = ["SourceEstimates", "StepEstimates"]
+
+MIN_MOVED_SHARE = 0.25
+"""A cost moved to a shorter context keeps at least this share of itself (a
+guard against a slope fitted on too little)."""
 
 
 def _ema(old: float | None, new: float, decay: float) -> float:
@@ -67,6 +73,9 @@ class SourceEstimates:
     reports the handover apart (`StepEvent.import_seconds`): a catch-up is
     neither a read nor a draft, but a step's own handover of one or two
     positions (the draft it never read) is priced with the first read.
+    A draft and a first read attend over the context: both are priced at the
+    context of the step being decided, by how this source's drafts have
+    grown with it (`context_slope`).
     """
 
     PRIOR_WEIGHT = 1.0
@@ -91,6 +100,12 @@ class SourceEstimates:
         self.first_read: float | None = None
         self.read_per_token: float | None = None
         self.reads = False  # the source has reported reads: its first draft comes with one
+        self.context_slope = ContextSlope()
+        """Seconds per position of context a draft gains (width 0: one token a pass)."""
+        self.draft_positions: float | None = None
+        self.read_positions: float | None = None
+        """The context (faded like the costs) at which `draft_cost` and
+        `first_read` were measured."""
 
     def fade(self) -> None:
         """A step went by: older evidence counts for less."""
@@ -158,10 +173,12 @@ class SourceEstimates:
             # a catch-up taken from the target instead of read: neither a read nor a draft
             draft_seconds = max(event.draft_seconds - event.import_seconds, 0.0)
             event = replace(event, draft_seconds=draft_seconds)
+        positions = event.positions
         if event.read_tokens > 0:
             self.reads = True
             if event.read_tokens <= 2:
                 self.first_read = _ema(self.first_read, event.read_seconds, self.decay)
+                self.read_positions = _ema(self.read_positions, positions, self.decay)
             else:
                 base = self.first_read
                 if base is None:
@@ -170,18 +187,31 @@ class SourceEstimates:
                 self.read_per_token = _ema(self.read_per_token, extra, self.decay)
             if gamma >= 2:
                 drafting = max(event.draft_seconds - event.read_seconds, 0.0) / (gamma - 1)
-                self.draft_cost = _ema(self.draft_cost, drafting, self.decay)
+                self._draft_measured(drafting, positions)
         elif gamma > 0 and not catching_up:
             # no read reported: the catch-up after steps without drafts is not a draft cost
-            self.draft_cost = _ema(self.draft_cost, event.draft_seconds / gamma, self.decay)
+            self._draft_measured(event.draft_seconds / gamma, positions)
 
-    def read_seconds(self, unread: int, share: float = 1.0) -> float:
+    def _draft_measured(self, seconds: float, positions: int) -> None:
+        self.draft_cost = _ema(self.draft_cost, seconds, self.decay)
+        self.draft_positions = _ema(self.draft_positions, positions, self.decay)
+        self.context_slope.observe(0, positions, seconds)
+
+    def _at(self, cost: float | None, measured_at: float | None, positions: int) -> float | None:
+        """`cost`, measured at `measured_at` positions, at `positions` (0: where measured)."""
+        if cost is None or not positions or not measured_at:
+            return cost
+        moved = cost + self.context_slope.slope(0) * (positions - measured_at)
+        return max(moved, cost * MIN_MOVED_SHARE)
+
+    def read_seconds(self, unread: int, share: float = 1.0, positions: int = 0) -> float:
         """Seconds to read `unread` tokens, the part beyond the usual one or two
-        counted at `share` (a catch-up paid once for the rest of the answer)."""
+        counted at `share` (a catch-up paid once for the rest of the answer),
+        at a context of `positions` (0: as measured)."""
         if unread <= 0:
             return 0.0
         per_token = self.read_per_token
-        first = self.first_read
+        first = self._at(self.first_read, self.read_positions, positions)
         if first is None:
             first = 2 * per_token if per_token is not None else (self.draft_cost or 0.0)
         if unread <= 2:
@@ -189,13 +219,16 @@ class SourceEstimates:
         extra = (unread - 2) * (per_token if per_token is not None else first)
         return first + share * extra
 
-    def drafting_seconds(self, gamma: int, unread: int, share: float = 1.0) -> float:
-        """Seconds to propose `gamma` drafts after reading `unread` tokens."""
+    def drafting_seconds(
+        self, gamma: int, unread: int, share: float = 1.0, positions: int = 0
+    ) -> float:
+        """Seconds to propose `gamma` drafts after reading `unread` tokens, at a
+        context of `positions` (0: as measured)."""
         if gamma <= 0:
             return 0.0
-        cost = self.draft_cost or 0.0
+        cost = self._at(self.draft_cost, self.draft_positions, positions) or 0.0
         if self.reads:
-            return self.read_seconds(max(unread, 1), share) + (gamma - 1) * cost
+            return self.read_seconds(max(unread, 1), share, positions) + (gamma - 1) * cost
         return gamma * cost
 
     def costs(self) -> dict[str, float | None]:
@@ -220,8 +253,12 @@ class StepEstimates:
     The target's cost per k is as measured in this run (exponentially
     weighted), else from `prime`'s timings taken before the run (the
     forward-width timings, `widths.py`) scaled by how this run's measured
-    steps compare with them, else a line through what was measured. The first
-    step (the target's prompt pass) is not used for costs.
+    steps compare with them, else a line through what was measured. A
+    measured cost is moved from the context it was measured at (faded like
+    it) to the context of the step being decided (`positions`: what the last
+    step left) by the fitted slope (`context_slope`): a cost per k last seen
+    a pasted document ago is priced at today's length. The first step (the
+    target's prompt pass) is not used for costs.
     """
 
     def __init__(self, max_gamma: int, decay: float = 0.9) -> None:
@@ -231,6 +268,13 @@ class StepEstimates:
         self.profiles: dict[tuple[str, str], SourceEstimates] = {}
         """Acceptance per (source, profile); costs stay in `sources`."""
         self.target_cost: dict[int, float] = {}
+        self.target_positions: dict[int, float] = {}
+        """The context (faded like `target_cost`) at which each k's cost was measured."""
+        self.context_slope = ContextSlope()
+        self.positions = 0
+        """The context of the step being decided: what the last step left (0: not known)."""
+        self._moved: dict[int, float] | None = None
+        """`_measured`'s costs, until the next step."""
         self.prior_cost: dict[int, float] = {}
         self.steps = 0
         self.plain_steps = 0
@@ -300,12 +344,36 @@ class StepEstimates:
                 source = self.source(offer.source)
                 source.passed_over = source.passed_over + 1 if unused else 0
         self.offers = ()
+        self._moved = None
+        self.positions = event.positions + len(event.appended) if event.positions else 0
         if self.steps == 1:
             return  # prompt processing dominates the first step's timings
         if event.gamma > 0:
             self.source(event.source).observe_costs(event, catching_up)
         k = event.gamma
         self.target_cost[k] = _ema(self.target_cost.get(k), event.target_seconds, self.decay)
+        if event.positions:
+            at = _ema(self.target_positions.get(k), event.positions, self.decay)
+            self.target_positions[k] = at
+            self.context_slope.observe(k, event.positions, event.target_seconds)
+
+    def _measured(self) -> dict[int, float]:
+        """Each measured k's cost at the context of the step being decided."""
+        if self._moved is not None:
+            return self._moved
+        if not self.positions:
+            self._moved = dict(self.target_cost)
+            return self._moved
+        costs = {}
+        for k, cost in self.target_cost.items():
+            at = self.target_positions.get(k)
+            if at is None:
+                costs[k] = cost
+                continue
+            moved = cost + self.context_slope.slope(k) * (self.positions - at)
+            costs[k] = max(moved, cost * MIN_MOVED_SHARE)
+        self._moved = costs
+        return costs
 
     def prime(self, seconds: Mapping[int, float]) -> None:
         """Seconds of a target step with k drafts, timed before this run."""
@@ -318,14 +386,13 @@ class StepEstimates:
         CPU the embedded target took 58, 97, 119, 89 and 81 ms to score 1 to 5
         tokens (small matrix shapes take slower kernels).
         """
-        if k in self.target_cost:
-            return self.target_cost[k]
+        measured = self._measured()
+        if k in measured:
+            return measured[k]
         if k in self.prior_cost:
-            ratios = [
-                t / self.prior_cost[j] for j, t in self.target_cost.items() if j in self.prior_cost
-            ]
+            ratios = [t / self.prior_cost[j] for j, t in measured.items() if j in self.prior_cost]
             return self.prior_cost[k] * (statistics.median(ratios) if ratios else 1.0)
-        known = sorted(self.target_cost.items())
+        known = sorted(measured.items())
         if not known:
             return 1.0  # nothing timed: every step costs the same unknown unit
         if len(known) == 1:
@@ -347,5 +414,6 @@ class StepEstimates:
         source = self.source(offer.source)
         tokens = self.expected_tokens(offer, gamma)
         share = 1.0 if not budget else min(1.0, tokens / budget)
-        seconds = source.drafting_seconds(gamma, offer.unread, share) + self.verify_cost(gamma)
+        drafting = source.drafting_seconds(gamma, offer.unread, share, self.positions)
+        seconds = drafting + self.verify_cost(gamma)
         return tokens / seconds

@@ -85,7 +85,8 @@ def decode_steps(
         _update_drafter(drafter, sequence, length + accepted, scored, target, len(appended))
         generated += len(appended)
         clock.pause()
-        event = _event(choice, draft, verdict, appended, (started, drafted, verified), clock)
+        stamps = (started, drafted, verified)
+        event = _event(choice, draft, verdict, appended, stamps, clock, length)
         policy.observe(event)
         yield event
         clock.resume()
@@ -214,9 +215,11 @@ def _event(
     appended: list[int],
     stamps: tuple[Stamp, Stamp, Stamp],
     clock: Clock,
+    positions: int,
 ) -> StepEvent:
     """The step's event; `stamps` are the clock at its start, after drafting
-    and after the target's pass (read once the clock has paused)."""
+    and after the target's pass (read once the clock has paused); `positions`
+    the sequence held when it began."""
     started, drafted, verified = stamps
     return StepEvent(
         drafts=tuple(verdict.drafts),
@@ -232,6 +235,7 @@ def _event(
         choice=choice.reason,
         import_seconds=draft.import_seconds,
         imported_tokens=draft.imported_tokens,
+        positions=positions,
     )
 
 
