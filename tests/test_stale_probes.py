@@ -1,6 +1,8 @@
 """Auto gamma probes a model passed over for long (`AutoGamma._stale`): a
 hybrid whose model's rates sank on a hard stretch is tried again where the
-target alone would be chosen, though prompt lookup's offers keep coming."""
+target alone would be chosen, though prompt lookup's offers keep coming; and
+a gamma held down by one rejection past it while every draft is kept is
+probed longer now and then."""
 
 from __future__ import annotations
 
@@ -79,3 +81,33 @@ def test_passed_over_counts_offers_that_cannot_be_scored_unused() -> None:
     estimates.offers = (WRONG_LOOKUP, MODEL)
     estimates.observe(_step("model", 4, 4))
     assert estimates.source("model").passed_over == 0
+
+
+def _after_one_rejection_past_the_gamma(probe_every: int, right: int) -> list[int]:
+    """A model whose seven drafts had the fifth refused once, then right on the
+    first `right` drafts of every step: the gammas chosen from then on."""
+    model = Offer("model", 16, unread=1)
+    policy = AutoGamma(16, probe_every=probe_every)
+    policy.prime({k: 0.02 + 0.005 * k for k in range(17)})
+    policy.observe(_step("", 0, 0))  # the prompt pass
+    for accepted in (4, 4):  # 4 of 4, then 4 of 7
+        policy.observe(_step("model", policy.choose([model]).gamma, accepted))
+    gammas = []
+    for _ in range(60):
+        choice = policy.choose([model])
+        gammas.append(choice.gamma)
+        policy.observe(_step("model", choice.gamma, min(choice.gamma, right)))
+    return gammas
+
+
+def test_a_gamma_held_down_by_one_rejection_past_it_is_probed_longer() -> None:
+    held_down = _after_one_rejection_past_the_gamma(probe_every=10_000, right=16)
+    assert max(held_down[:40]) <= 4, held_down  # every draft kept, and still 4 a step ...
+    probed = _after_one_rejection_past_the_gamma(probe_every=16, right=16)
+    assert min(probed[20:]) >= 8, probed  # ... until a probe shows it was one bad moment
+
+
+def test_a_probe_does_not_lengthen_a_gamma_that_is_short_for_a_reason() -> None:
+    gammas = _after_one_rejection_past_the_gamma(probe_every=16, right=1)[3:]
+    longer = [gamma for gamma in gammas if gamma > 2]
+    assert len(longer) <= len(gammas) // 16 + 1, gammas  # a probe now and then, no more
