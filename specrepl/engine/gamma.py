@@ -237,12 +237,13 @@ class AutoGamma(_SourceChoosing):
     whose rates sank on one hard stretch stays unused for as long as prompt
     lookup's offers keep interrupting the plain steps.
 
-    The same holds beyond the gamma chosen: drafting g tokens a step tries
-    only positions 1..g, so one rejection at position g + 1 keeps the rates
-    beyond it low for about a hundred steps (their long-run memory) while
-    every draft of every step is kept. After `probe_every` such steps in a
-    row (every draft kept, fewer than the most), a source whose drafts cannot
-    be scored unused drafts twice as many (at least `initial`) once.
+    The same holds past a short gamma: drafting g tokens a step tries only
+    positions 1..g, so one rejection at position g + 1 keeps the rates beyond
+    it low for about a hundred steps (their long-run memory), whatever the
+    steps after it show. After `probe_every` drafting steps in a row with
+    fewer than `initial` drafts, a source whose drafts cannot be scored
+    unused drafts `initial` once (a probe costs at most `initial` - 1 drafts
+    that a short gamma would not have made).
     """
 
     name = "auto"
@@ -267,8 +268,8 @@ class AutoGamma(_SourceChoosing):
         if getattr(self, "estimates", None) is None:
             self.estimates = StepEstimates(max(self.max_gamma, 1), self.decay)
             self.last_source = ""
-            self.kept_steps = 0
-            """Drafting steps in a row whose every draft was kept."""
+            self.short_steps = 0
+            """Drafting steps in a row with fewer than `initial` drafts."""
         else:
             self.estimates.new_generation()
 
@@ -307,8 +308,7 @@ class AutoGamma(_SourceChoosing):
         super().observe(event)
         if event.gamma > 0:
             self.last_source = event.source
-            kept = event.accepted == event.gamma
-            self.kept_steps = self.kept_steps + 1 if kept else 0
+            self.short_steps = self.short_steps + 1 if event.gamma < self.initial else 0
 
     def next_gamma(self) -> int:
         return self.choose([Offer(self.last_source, self.max_gamma)]).gamma
@@ -338,12 +338,10 @@ class AutoGamma(_SourceChoosing):
             stale = self._stale(usable)
             if stale is not None:
                 return Choice(stale.source, min(stale.drafts, self.initial), "probe")
-        elif self.kept_steps >= self.probe_every:
+        elif best[1] < self.initial and self.short_steps >= self.probe_every:
             offer = next(offer for offer in usable if offer.source == best[0])
             if offer.tokens is None and offer.drafts > best[1]:
-                self.kept_steps = 0
-                longer = min(offer.drafts, max(2 * best[1], self.initial))
-                return Choice(offer.source, longer, "probe")
+                return Choice(offer.source, min(offer.drafts, self.initial), "probe")
         return Choice(best[0], best[1], _describe(best, rates, labels=_labels(usable)))
 
     def _stale(self, offers: Sequence[Offer]) -> Offer | None:
