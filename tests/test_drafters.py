@@ -183,7 +183,9 @@ def test_ngram_drafts_nothing_past_an_end_token() -> None:
     assert drafter.propose(sequence, 6, None, None).tokens.tolist() == [6, 7, 8]
 
 
-@pytest.mark.parametrize("kind", ["exact-model", "model-copy", "hybrid", "ngram", "lookup"])
+@pytest.mark.parametrize(
+    "kind", ["exact-model", "model-copy", "hybrid", "ngram", "lookup", "head", "hybrid-head"]
+)
 def test_no_draft_goes_past_the_answers_end(target, references, kind) -> None:
     """Drafts stop at an end token (nothing after it is kept) and the text is the target's."""
     prompt = PROMPTS[2] if kind == "lookup" else PROMPTS[1]

@@ -144,6 +144,27 @@ def test_greedy_text_is_the_targets_across_tokenizers(target, name, gamma, use_c
         assert result.drafted > 0
 
 
+@pytest.mark.parametrize("name", list(TOKENIZERS))
+def test_no_translated_draft_goes_past_the_answers_end(target, name) -> None:
+    """The target's end token, given to the drafter in its own ids, stops its
+    drafts there (nothing after it is kept) and the text is the target's."""
+    ids = prompt_ids()
+    reference = autoregressive_generate(ids, target, max_gen_len=30).token_ids
+    end = reference[5]
+    expected = reference[: reference.index(end) + 1]
+    drafter, _ = translated(target, name)
+    steps = []
+    result = speculative_generate(
+        ids, drafter, target, gamma=8, max_gen_len=30, eos_tokens_id=end, on_step=steps.append
+    )
+    assert result.token_ids == expected and result.stop_reason == "eos"
+    for step in steps:
+        if end in step.drafts:
+            assert step.drafts.index(end) == len(step.drafts) - 1, (name, step.drafts)
+    if name != "characters":  # drafted word by word, the end comes among the drafts
+        assert any(end in step.drafts for step in steps), name  # the case was met
+
+
 def test_a_drafter_with_the_targets_strings_is_right_as_often_as_the_target(target) -> None:
     """The target's own weights under other ids (or other words, where the
     text has none of them) draft what the target says: every draft kept."""

@@ -27,7 +27,9 @@ class HeadDrafter(Drafter):
     the positions read with the target's own features; draft positions, read
     with the head's guesses, are dropped after every verification and read
     again with the target's features. q is the head's distribution over its
-    draft vocabulary, zero elsewhere.
+    draft vocabulary, zero elsewhere. On a CPU it stops drafting at an end
+    token (`stop_at`); on a GPU its drafts stay on the device, unread, and a
+    draft past the answer's end is verified and dropped like any other.
     """
 
     def __init__(
@@ -100,6 +102,7 @@ class HeadDrafter(Drafter):
         drafted: list[torch.Tensor] = []
         laws: list[torch.Tensor] = []
         position = self.real
+        on_host = device.type == "cpu"  # reading a draft there costs no wait on a device
         for index in range(k):
             token = next_draft(
                 head.logits(hidden[0, 0]).float(),
@@ -114,6 +117,8 @@ class HeadDrafter(Drafter):
                 break
             token = token.to(device)
             drafted.append(token)
+            if on_host and self.end_tokens and int(token) in self.end_tokens:
+                break  # nothing after the answer's end is kept
             if index + 1 < k:
                 hidden = head.step(
                     hidden, token[None], torch.tensor([[position]], device=device), self.cache

@@ -219,6 +219,14 @@ class TranslatedDrafter(Drafter):
 
     # -- the Drafter interface -----------------------------------------------
 
+    def stop_at(self, end_tokens: frozenset[int]) -> None:
+        """The target's end tokens here; the drafter's tokens of the same
+        strings to `inner`, so that it stops drafting at the answer's end."""
+        super().stop_at(end_tokens)
+        mapped = self.translation.drafter_of_target
+        inner_ends = {int(mapped[t]) for t in end_tokens if 0 <= t < mapped.shape[0]}
+        self.inner.stop_at(frozenset(t for t in inner_ends if t >= 0))
+
     def begin(self, prompt: torch.Tensor, vocab_size: int) -> None:
         self.vocab_size = min(vocab_size, self.width)
         self.inner.begin(self._inner_sequence(prompt), self._inner_width)
@@ -250,7 +258,7 @@ class TranslatedDrafter(Drafter):
         context, drafted = inner_sequence.tolist(), draft.tokens.tolist()
         self._proposed = context + drafted
         tokens = self._through_text(context, drafted, sequence, k)
-        return replace(draft, tokens=tokens, probs=None)
+        return replace(draft, tokens=tokens[: self._through_end(tokens)], probs=None)
 
     def _token_for_token(
         self,
@@ -277,10 +285,20 @@ class TranslatedDrafter(Drafter):
             first = int(torch.nonzero(mapped < 0)[0])
             mapped = mapped[:first]
             draft = replace(draft, probs=None if draft.probs is None else draft.probs[:first])
+        kept = self._through_end(mapped)
         probs = None
         if draft.probs is not None:
-            probs = self._target_law(draft.probs)
-        return replace(draft, tokens=mapped.to(sequence.device), probs=probs)
+            probs = self._target_law(draft.probs[:kept])
+        return replace(draft, tokens=mapped[:kept].to(sequence.device), probs=probs)
+
+    def _through_end(self, tokens: torch.Tensor) -> int:
+        """How many of the target's `tokens` come up to and with the first
+        end token (all where none is among them): nothing after it is kept."""
+        if self.end_tokens:
+            for index, token in enumerate(tokens.tolist()):
+                if token in self.end_tokens:
+                    return index + 1
+        return int(tokens.shape[0])
 
     def _set_allowed(self, allowed: torch.Tensor | None) -> None:
         if not hasattr(self.inner, "allowed"):
