@@ -61,11 +61,11 @@ MIN_AGREEMENT = 0.99
 HELD_PROBE = 2048
 """Positions the copy holds when the cost of its attention is timed."""
 
-ATTENTION_SHARE = 1.0
+ATTENTION_SHARE = 0.5
 """A copy holding a long chat drafts with a window (`held_window`): it keeps
 as many positions as make its attention cost this share of the rest of its
 one-token step (both measured), so that a long context does not make its
-drafts dear. Its attention costs what the target's does (the same layers,
+drafts dear (docs/runtimes.md says how the share was chosen). Its attention costs what the target's does (the same layers,
 heads and float32 keys and values), while the rest is its cheap 4-bit pass."""
 
 MIN_HELD_WINDOW = 256
