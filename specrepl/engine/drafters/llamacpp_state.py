@@ -65,8 +65,9 @@ ATTENTION_SHARE = 0.5
 """A copy holding a long chat drafts with a window (`held_window`): it keeps
 as many positions as make its attention cost this share of the rest of its
 one-token step (both measured), so that a long context does not make its
-drafts dear (docs/runtimes.md says how the share was chosen). Its attention costs what the target's does (the same layers,
-heads and float32 keys and values), while the rest is its cheap 4-bit pass."""
+drafts dear (docs/runtimes.md says how the share was chosen). Its attention
+costs what the target's does (the same layers, heads and float32 keys and
+values), while the rest is its cheap 4-bit pass."""
 
 MIN_HELD_WINDOW = 256
 """The fewest positions a windowed copy holds (besides the chat's start)."""
