@@ -491,3 +491,14 @@ def tiny_gguf(model: LlamaForCausalLM, path: Any) -> Any:
     writer.write_tensors_to_file()
     writer.close()
     return path
+
+
+def assert_no_draft_past_end(steps: list[Any], end: int, label: object = None) -> bool:
+    """Assert that no step of a run (`StepEvent`s) drafted anything after the
+    end token `end`; returns whether any step drafted it at all."""
+    met = False
+    for step in steps:
+        if end in step.drafts:
+            met = True
+            assert step.drafts.index(end) == len(step.drafts) - 1, (label, step.drafts)
+    return met

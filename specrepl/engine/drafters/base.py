@@ -92,6 +92,15 @@ class Drafter(ABC):
         """Draft nothing past the first of `end_tokens` (see the class)."""
         self.end_tokens = frozenset(end_tokens)
 
+    def through_end(self, tokens: torch.Tensor) -> int:
+        """How many of `tokens` (proposed ids, read back once) come up to and
+        with the first end token; all of them where none is among them."""
+        if self.end_tokens:
+            for index, token in enumerate(tokens.tolist()):
+                if token in self.end_tokens:
+                    return index + 1
+        return int(tokens.shape[0])
+
     @abstractmethod
     def begin(self, prompt: torch.Tensor, vocab_size: int) -> None:
         """Start a new generation for `prompt` (1-D token ids)."""

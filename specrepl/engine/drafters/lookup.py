@@ -94,18 +94,11 @@ class LookupDrafter(Drafter):
             hits = (windows == suffix).all(dim=1).nonzero().flatten()
             if hits.numel():
                 start = int(hits[-1]) + n
-                continuation = self._through_end(sequence[start : start + k])
+                continuation = sequence[start : start + k]
+                # an earlier turn's end is copied with what followed it: nothing after it
+                continuation = continuation[: self.through_end(continuation)]
                 return LookupMatch(continuation, _match_length(sequence, start))
         return LookupMatch(sequence.new_empty(0), 0)
-
-    def _through_end(self, continuation: torch.Tensor) -> torch.Tensor:
-        """`continuation` up to and with its first end token (an earlier
-        turn's end copied with what followed it: nothing after it is kept)."""
-        if self.end_tokens:
-            for index, token in enumerate(continuation.tolist()):
-                if token in self.end_tokens:
-                    return continuation[: index + 1]
-        return continuation
 
     def propose(
         self,

@@ -258,7 +258,7 @@ class TranslatedDrafter(Drafter):
         context, drafted = inner_sequence.tolist(), draft.tokens.tolist()
         self._proposed = context + drafted
         tokens = self._through_text(context, drafted, sequence, k)
-        return replace(draft, tokens=tokens[: self._through_end(tokens)], probs=None)
+        return replace(draft, tokens=tokens[: self.through_end(tokens)], probs=None)
 
     def _token_for_token(
         self,
@@ -285,20 +285,11 @@ class TranslatedDrafter(Drafter):
             first = int(torch.nonzero(mapped < 0)[0])
             mapped = mapped[:first]
             draft = replace(draft, probs=None if draft.probs is None else draft.probs[:first])
-        kept = self._through_end(mapped)
+        kept = self.through_end(mapped)
         probs = None
         if draft.probs is not None:
             probs = self._target_law(draft.probs[:kept])
         return replace(draft, tokens=mapped[:kept].to(sequence.device), probs=probs)
-
-    def _through_end(self, tokens: torch.Tensor) -> int:
-        """How many of the target's `tokens` come up to and with the first
-        end token (all where none is among them): nothing after it is kept."""
-        if self.end_tokens:
-            for index, token in enumerate(tokens.tolist()):
-                if token in self.end_tokens:
-                    return index + 1
-        return int(tokens.shape[0])
 
     def _set_allowed(self, allowed: torch.Tensor | None) -> None:
         if not hasattr(self.inner, "allowed"):
