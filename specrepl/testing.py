@@ -494,11 +494,7 @@ def tiny_gguf(model: LlamaForCausalLM, path: Any) -> Any:
 
 
 def assert_no_draft_past_end(steps: list[Any], end: int, label: object = None) -> bool:
-    """Assert that no step of a run (`StepEvent`s) drafted anything after the
-    end token `end`; returns whether any step drafted it at all."""
-    met = False
-    for step in steps:
-        if end in step.drafts:
-            met = True
-            assert step.drafts.index(end) == len(step.drafts) - 1, (label, step.drafts)
-    return met
+    """Assert no step (`StepEvent`s) drafted after the end token `end`; whether any drafted it."""
+    drafting_it = [step.drafts for step in steps if end in step.drafts]
+    assert all(d.index(end) == len(d) - 1 for d in drafting_it), (label, drafting_it)
+    return bool(drafting_it)
